@@ -1,0 +1,231 @@
+"""The rollout engine: our own sampler loop over a Hugging Face causal LM, returning a `Rollout`.
+
+How it works: one *prefill* call runs the whole (left-padded) prompt batch through the model and fills a
+transformers `Cache`; then one *decode* call per new token feeds only the token just sampled. Only the
+last position's logits are computed (`logits_to_keep=1`), and the loop stops as soon as every row has
+emitted EOS. Because the KV cache is a transformers `Cache` object, a different cache (for example an
+FP8 one) can be swapped in without touching the loop.
+
+Which distribution the log-probs come from (every mismatch number depends on this):
+    logprobs[b, t] = log q(y_t | prefix), where q is the distribution the token was actually drawn from:
+        q = softmax(logits / temperature), then, if top_p < 1, restricted to the nucleus (the smallest
+        set of most likely tokens whose mass reaches top_p) and renormalised over it.
+    With temperature 1 and top_p 1 (the training defaults), q is exactly the policy π(·|prefix).
+    Top-p truncation *raises* the log-prob of kept tokens (they are renormalised) and gives the cut
+    tokens probability 0; a trainer that ignores truncation will see that as mismatch.
+    Greedy (temperature 0) has a degenerate q, so it reports log π(y_t | prefix) at temperature 1.
+
+    python rollout.py --pair tiny --n 4    # sample a few responses and print them with their log-probs
+"""
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import DynamicCache
+
+from models import BadInput, format_prompt
+
+WEIGHTS = ("fp32", "bf16")  # engine weight precision; FP8 variants join here with the mismatch-sources work
+KV_CACHES = ("model",)  # "model" = the KV cache stores keys/values in the engine weights' dtype
+
+
+@dataclass
+class RolloutConfig:
+    """Everything that decides how the engine samples. Saved with every run."""
+
+    temperature: float = 1.0  # 0 = greedy (argmax); 1 = the policy itself
+    top_p: float = 1.0  # nucleus sampling; 1 = no truncation
+    max_new_tokens: int = 48  # response length limit (EOS usually ends a row earlier)
+    seed: int = 0  # seeds the sampling generator when the caller passes none
+    ignore_eos: bool = False  # keep sampling past EOS (for benchmarks that need a fixed length)
+    weights: str = "fp32"  # engine weight precision: fp32 | bf16
+    kv_cache: str = "model"  # KV cache storage: model (same dtype as the weights)
+    staleness: int = 0  # optimizer steps the engine's weights lag behind the trainer; 0 = synchronous
+    noise: float = 0.0  # relative std of Gaussian noise on the engine's weights; 0 = none
+
+    def __post_init__(self):
+        checks = [
+            (self.temperature >= 0, f"temperature {self.temperature}: must be >= 0 (0 = greedy)"),
+            (0 < self.top_p <= 1, f"top_p {self.top_p}: must be in (0, 1]"),
+            (self.max_new_tokens >= 1, f"max_new_tokens {self.max_new_tokens}: must be >= 1"),
+            (self.weights in WEIGHTS, f"weights {self.weights!r}: choose one of {', '.join(WEIGHTS)}"),
+            (self.kv_cache in KV_CACHES, f"kv_cache {self.kv_cache!r}: choose one of {', '.join(KV_CACHES)}"),
+            (self.staleness == 0, f"staleness {self.staleness}: only 0 (synchronous) is available so far"),
+            (self.noise == 0, f"noise {self.noise}: only 0 is available so far"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise BadInput(message)
+
+
+@dataclass
+class Rollout:
+    """A batch of prompts with sampled responses. P = padded prompt length, N = response slots.
+
+    tokens[B, P+N]: left-padded prompts, then responses (pad after EOS).
+    attention_mask[B, P+N]: 1 on real prompt tokens and response tokens up to and including EOS.
+    response_mask[B, P+N]: 1 on sampled tokens up to and including EOS.
+    logprobs[B, P+N]: the engine's log-prob of each sampled token (0 elsewhere); see the module docstring.
+    version: the trainer step whose weights the engine used.
+    """
+
+    tokens: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    version: int
+    prompt_len: int
+
+    def responses(self, tokenizer) -> list[str]:
+        """Decoded response texts (special tokens such as EOS dropped)."""
+        resp = self.tokens[:, self.prompt_len :]
+        mask = self.response_mask[:, self.prompt_len :].bool()
+        return [tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(resp, mask)]
+
+    def to(self, device) -> "Rollout":
+        moved = {k: v.to(device) if torch.is_tensor(v) else v for k, v in self.__dict__.items()}
+        return Rollout(**moved)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sampling one token
+
+
+def sample_next(logits_B_V: torch.Tensor, cfg: RolloutConfig, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; return (token_B, logprob_B) with logprob from the sampling distribution q."""
+    logits_B_V = logits_B_V.float()
+    if cfg.temperature == 0:
+        token_B = logits_B_V.argmax(-1)
+        return token_B, torch.log_softmax(logits_B_V, -1).gather(-1, token_B[:, None]).squeeze(-1)
+    logq_B_V = torch.log_softmax(logits_B_V / cfg.temperature, -1)
+    if cfg.top_p < 1:
+        logq_B_V = top_p_filter(logq_B_V, cfg.top_p)
+    token_B = torch.multinomial(logq_B_V.exp(), 1, generator=generator).squeeze(-1)
+    return token_B, logq_B_V.gather(-1, token_B[:, None]).squeeze(-1)
+
+
+def top_p_filter(logp_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise; others get -inf."""
+    sorted_B_V, order_B_V = logp_B_V.sort(-1, descending=True)
+    mass_before_B_V = sorted_B_V.exp().cumsum(-1) - sorted_B_V.exp()  # mass of strictly more likely tokens
+    drop_sorted_B_V = mass_before_B_V >= top_p  # the first token always stays (mass before it is 0)
+    drop_B_V = drop_sorted_B_V.scatter(-1, order_B_V, drop_sorted_B_V)
+    kept_B_V = logp_B_V.masked_fill(drop_B_V, float("-inf"))
+    return kept_B_V - kept_B_V.logsumexp(-1, keepdim=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The prefill/decode loop
+
+
+def positions(attention_mask_B_T: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip left padding: the first real token is position 0 (as HF generate does)."""
+    pos_B_T = attention_mask_B_T.long().cumsum(-1) - 1
+    return pos_B_T.masked_fill(attention_mask_B_T == 0, 1)
+
+
+def prefill(model, ids_B_P, attn_B_P, cache) -> torch.Tensor:
+    """Run the prompts through the model, filling `cache`; return the last position's logits [B, V]."""
+    out = model(input_ids=ids_B_P, attention_mask=attn_B_P, position_ids=positions(attn_B_P), cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1]
+
+
+def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
+    """Feed one new token per row (its mask bit is already in attn_B_T); return next-token logits [B, V]."""
+    pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
+    out = model(input_ids=token_B[:, None], attention_mask=attn_B_T, position_ids=pos_B_1, cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1]
+
+
+def encode_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded token ids and attention mask for already-formatted prompt texts."""
+    enc = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], cfg: RolloutConfig, generator: torch.Generator | None = None,
+             version: int = 0, cache=None) -> Rollout:  # fmt: skip
+    """Sample one response per (already formatted) prompt with our prefill/decode loop.
+
+    `cache` lets a caller supply another transformers Cache (default: DynamicCache). The model is used as
+    is: the caller owns its dtype and device.
+    """
+    device = next(model.parameters()).device
+    if generator is None:
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    ids_B_P, attn_B_P = encode_prompts(tokenizer, prompts, device)
+    B, P = ids_B_P.shape
+    N = cfg.max_new_tokens
+    eos = tokenizer.eos_token_id
+    cache = DynamicCache(config=model.config) if cache is None else cache
+
+    tokens_B_N = torch.full((B, N), tokenizer.pad_token_id, dtype=torch.long, device=device)
+    logprobs_B_N = torch.zeros(B, N, device=device)
+    alive_B_N = torch.zeros(B, N, dtype=torch.bool, device=device)  # response mask: sampled, up to EOS
+    alive_B = torch.ones(B, dtype=torch.bool, device=device)
+    # Generated positions stay attended even after EOS (as HF generate does); only the final mask hides them.
+    attn_B_T = torch.cat([attn_B_P, torch.ones(B, N, dtype=attn_B_P.dtype, device=device)], dim=1)
+
+    logits_B_V = prefill(model, ids_B_P, attn_B_P, cache)
+    for t in range(N):
+        token_B, logprob_B = sample_next(logits_B_V, cfg, generator)
+        tokens_B_N[:, t] = torch.where(alive_B, token_B, tokenizer.pad_token_id)
+        logprobs_B_N[:, t] = torch.where(alive_B, logprob_B, 0.0)
+        alive_B_N[:, t] = alive_B
+        if not cfg.ignore_eos:
+            alive_B = alive_B & (token_B != eos)
+        if t == N - 1 or not alive_B.any():
+            break
+        logits_B_V = decode(model, tokens_B_N[:, t], attn_B_T[:, : P + t + 1], cache)
+
+    response_mask = torch.cat([torch.zeros_like(attn_B_P, dtype=torch.bool), alive_B_N], dim=1)
+    return Rollout(
+        tokens=torch.cat([ids_B_P, tokens_B_N], dim=1),
+        attention_mask=torch.cat([attn_B_P.bool(), alive_B_N], dim=1).long(),
+        response_mask=response_mask.long(),
+        logprobs=torch.cat([torch.zeros(B, P, device=device), logprobs_B_N], dim=1),
+        version=version,
+        prompt_len=P,
+    )
+
+
+def engine_model(model, cfg: RolloutConfig):
+    """The model the engine samples with: the trainer's own in fp32, or a cast copy in bf16."""
+    if cfg.weights == "fp32":
+        return model
+    import copy
+
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
+def main(argv=None) -> None:
+    from models import load_pair
+
+    parser = argparse.ArgumentParser(description="Sample responses with the rollout engine and print them.")
+    parser.add_argument("--pair", default="tiny", help="tiny | smollm2")
+    parser.add_argument("--n", type=int, default=4, help="number of held-out prompts")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1 = no truncation")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="response length limit")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    args = parser.parse_args(argv)
+    try:
+        cfg = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        pair = load_pair(args.pair)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
+    t0 = time.time()
+    rollout = generate(pair.student, pair.tokenizer, prompts, cfg)
+    print(f"config: {asdict(cfg)}  ({time.time() - t0:.2f}s)")
+    for p, r, lp, m in zip(pair.eval_prompts, rollout.responses(pair.tokenizer), rollout.logprobs, rollout.response_mask):
+        print(f"{p.text!r} -> {r!r}   sum log q = {lp[m.bool()].sum():.2f} over {int(m.sum())} tokens")
+
+
+if __name__ == "__main__":
+    main()

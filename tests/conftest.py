@@ -1,0 +1,36 @@
+"""Shared fixtures: the committed tiny pair, a random tiny model, and an assert_close that reports sizes."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from models import load_pair, tiny_config, tiny_tokenizer  # noqa: E402
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, what: str = "") -> None:
+    """Fail with the max and mean absolute difference, not just 'not close'."""
+    diff = (actual.float() - expected.float()).abs()
+    assert diff.max().item() <= atol, f"{what}: max |diff| {diff.max().item():.3g} > {atol:g} (mean {diff.mean().item():.3g})"
+
+
+@pytest.fixture(scope="session")
+def tiny_pair():
+    return load_pair("tiny")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def random_model():
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(tiny_config("student")).eval()

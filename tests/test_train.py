@@ -1,0 +1,91 @@
+"""train.py end to end: CLI smoke test, exact resume, bad input, and opd_minimal.py."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--pair", "tiny", "--batch-size", "4", "--samples-per-prompt", "2", "--eval-prompts", "8", "--eval-every", "2"]
+
+
+def cli(*args, cwd):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_time(records):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+
+def test_two_step_smoke(tmp_path):
+    result = cli(*TINY, "--steps", "2", "--name", "smoke", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "smoke"
+    records = metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert {"step", "loss", "rkl", "tokens", "seconds", "eval_rkl", "eval_acc"} <= r.keys()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["pair"] == "tiny" and config["rollout"]["temperature"] == 1.0
+    assert (run_dir / "curves.png").stat().st_size > 0 and (run_dir / "checkpoint.pt").exists()
+    assert "held-out reverse KL" in result.stdout
+
+
+def test_resume_repeats_an_uninterrupted_run(tmp_path):
+    full = cli(*TINY, "--steps", "4", "--name", "full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr[-2000:]
+    part = cli(*TINY, "--steps", "2", "--name", "part", cwd=tmp_path)
+    assert part.returncode == 0, part.stderr[-2000:]
+    # Simulate a kill after step 3 was logged but before its checkpoint: a logged step and a torn line.
+    with (tmp_path / "runs" / "part" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "loss": 123.0}) + "\n" + '{"step": 4, "lo')
+    resumed = cli("--name", "part", "--resume", "--steps", "4", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert without_time(metrics(tmp_path / "runs" / "part")) == without_time(metrics(tmp_path / "runs" / "full"))
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--pair", "nope"], "--pair 'nope'"),
+        (["--pair", "tiny", "--loss", "forward"], "--loss 'forward'"),
+        (["--pair", "tiny", "--top-p", "1.5"], "top_p 1.5"),
+        (["--pair", "tiny", "--steps", "0"], "--steps 0"),
+        (["--pair", "tiny", "--prompts", "missing.jsonl"], "missing.jsonl"),
+        (["--pair", "tiny", "--device", "tpu"], "--device 'tpu'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    result = cli(*args, "--name", "bad", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr, result.stderr
+
+
+def test_malformed_prompt_line_reports_its_number(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": 5}\n')
+    result = cli(*TINY, "--prompts", "p.jsonl", cwd=tmp_path)
+    assert result.returncode == 2 and "p.jsonl:2:" in result.stderr
+
+
+def test_existing_run_is_not_overwritten(tmp_path):
+    run_dir = tmp_path / "runs" / "keep"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("precious\n")
+    result = cli(*TINY, "--steps", "1", "--name", "keep", cwd=tmp_path)
+    assert result.returncode == 2 and "already exists" in result.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == "precious\n"
+
+
+def test_opd_minimal_runs():
+    result = subprocess.run([sys.executable, str(ROOT / "opd_minimal.py"), "--steps", "6"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "step" in result.stdout and "reverse KL" in result.stdout

@@ -1,0 +1,414 @@
+"""On-policy distillation (OPD): the student samples, the teacher scores, the student lowers reverse KL.
+
+One step:
+    1. the rollout engine samples `samples_per_prompt` responses for `batch_size` training prompts;
+    2. student and teacher score every response token y_t at its prefix x_<t;
+    3. the loss is the per-token reverse KL, averaged over all response tokens of the batch:
+           KL_t = Σ_v p_s(v | x_<t) (log p_s(v | x_<t) − log p_t(v | x_<t))
+       estimated either analytically over the full vocabulary (gradient through the student's logits),
+       or from the sampled token alone, as a policy gradient with a detached advantage
+           A_t = −(log p_s(y_t | x_<t) − log p_t(y_t | x_<t)),   loss = −mean_t A_t · log p_s(y_t | x_<t).
+       Both treat each token's prefix as fixed (the usual OPD recipe): the gradient does not flow through
+       the effect the student's choices have on later prefixes.
+
+Outputs go to runs/<name>/: config.json, metrics.jsonl (a line per step, flushed), checkpoint.pt
+(atomic, every step by default), curves.png. `--resume` continues a killed run exactly.
+
+    python train.py                    # smollm2 pair, ~10 min on a 2-core CPU
+    python train.py --pair tiny        # addition task, about a minute; prints accuracy
+    python train.py --pair tiny --name mine --resume
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+from tqdm import tqdm
+
+from models import PAIRS, BadInput, format_prompt, load_pair
+from rollout import RolloutConfig, generate, positions
+
+LOSSES = ("analytic", "sampled")
+
+# Settings that differ per pair; anything not given on the command line comes from here.
+PAIR_DEFAULTS = {
+    "tiny": dict(steps=40, batch_size=16, samples_per_prompt=4, lr=2e-3, eval_every=10, eval_prompts=64, max_new_tokens=6),
+    "smollm2": dict(steps=20, batch_size=4, samples_per_prompt=2, lr=5e-5, eval_every=5, eval_prompts=16, max_new_tokens=48),
+    "custom": dict(steps=20, batch_size=4, samples_per_prompt=2, lr=5e-5, eval_every=5, eval_prompts=16, max_new_tokens=48),
+}
+
+
+@dataclass
+class TrainConfig:
+    """One OPD run. Saved in full to runs/<name>/config.json."""
+
+    pair: str = "smollm2"  # tiny | smollm2 | custom (= --teacher/--student)
+    teacher: str | None = None  # HF id or local path; replaces --pair
+    student: str | None = None
+    student_layers: int = 24  # smollm2: decoder layers the student keeps (of 30)
+    prompts: str | None = None  # JSONL file of {"prompt": ...}; replaces the pair's prompts
+    steps: int = 20  # optimizer steps
+    batch_size: int = 4  # training prompts per step
+    samples_per_prompt: int = 2  # responses sampled per prompt
+    lr: float = 5e-5  # AdamW learning rate (constant)
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (policy gradient on the sampled token)
+    kl_chunk: int = 256  # response tokens per chunk when computing full-vocabulary KL (bounds memory)
+    eval_every: int = 5  # evaluate every N steps (and after the last); 0 = only at the start and end
+    eval_prompts: int = 16  # held-out prompts per evaluation
+    ckpt_every: int = 1  # write a checkpoint every N steps (and after the last)
+    seed: int = 0  # seeds prompt order and sampling (per step, so a resumed run repeats them exactly)
+    device: str = "auto"  # auto | cpu | cuda
+    name: str = ""  # run folder name under out_dir; "" = <pair>-<timestamp>
+    out_dir: str = "runs"
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loss
+
+
+def reverse_kl_terms(student_logits_N_V: torch.Tensor, teacher_logits_N_V: torch.Tensor, y_N: torch.Tensor):
+    """For N scored positions: exact KL_n = Σ_v p_s(v)(log p_s(v) − log p_t(v)), log p_s(y_n), log p_t(y_n)."""
+    logp_s_N_V = torch.log_softmax(student_logits_N_V.float(), -1)
+    logp_t_N_V = torch.log_softmax(teacher_logits_N_V.float(), -1)
+    kl_N = (logp_s_N_V.exp() * (logp_s_N_V - logp_t_N_V)).sum(-1)
+    pick = lambda logp_N_V: logp_N_V.gather(-1, y_N[:, None]).squeeze(-1)  # noqa: E731
+    return kl_N, pick(logp_s_N_V), pick(logp_t_N_V)
+
+
+def response_hidden(model, rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final hidden states at the positions that predict response tokens, and those tokens.
+
+    Position t−1's output predicts token t, so the hidden states are shifted by one against the mask.
+    Returns h_N_H and y_N, where N = number of response tokens in the batch (row-major order).
+    """
+    out = model.get_decoder()(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask))
+    target_B_T = rollout.response_mask[:, 1:].bool()  # [B, T-1]: which next tokens are response tokens
+    return out.last_hidden_state[:, :-1][target_B_T], rollout.tokens[:, 1:][target_B_T]
+
+
+def head(model, h_N_H: torch.Tensor) -> torch.Tensor:
+    """The output head, with final-logit softcapping where the architecture has it (Gemma)."""
+    logits_N_V = model.get_output_embeddings()(h_N_H)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return cap * torch.tanh(logits_N_V / cap) if cap else logits_N_V
+
+
+def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: int = 256) -> tuple[torch.Tensor, dict]:
+    """The OPD loss over all response tokens of `rollout` (token mean), and its statistics.
+
+    The vocabulary-sized logits are formed `chunk` tokens at a time and recomputed in the backward pass
+    (activation checkpointing), so peak memory is one chunk's [chunk, V] logits, not [N, V].
+    stats: rkl = mean exact KL(p_s ‖ p_t) per token (whatever the estimator), tokens = N.
+    """
+    h_s_N_H, y_N = response_hidden(student, rollout)
+    with torch.no_grad():
+        h_t_N_H, _ = response_hidden(teacher, rollout)
+    n = len(y_N)
+
+    def chunk_terms(h_s_C_H, h_t_C_H, y_C):
+        with torch.no_grad():
+            teacher_logits_C_V = head(teacher, h_t_C_H)
+        kl_C, logp_s_C, logp_t_C = reverse_kl_terms(head(student, h_s_C_H), teacher_logits_C_V, y_C)
+        if estimator == "analytic":
+            objective = kl_C.sum()
+        else:
+            advantage_C = -(logp_s_C - logp_t_C).detach()
+            objective = -(advantage_C * logp_s_C).sum()
+        return objective, kl_C.detach().sum()
+
+    loss, kl_sum = torch.zeros((), device=y_N.device), torch.zeros((), device=y_N.device)
+    for i in range(0, n, chunk):
+        sl = slice(i, i + chunk)
+        if torch.is_grad_enabled():
+            objective, kl = checkpoint(chunk_terms, h_s_N_H[sl], h_t_N_H[sl], y_N[sl], use_reentrant=False)
+        else:
+            objective, kl = chunk_terms(h_s_N_H[sl], h_t_N_H[sl], y_N[sl])
+        loss = loss + objective / max(n, 1)
+        kl_sum = kl_sum + kl
+    return loss, {"rkl": kl_sum.item() / max(n, 1), "tokens": n}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Steps and evaluation
+
+
+def step_generator(seed: int, step: int, device) -> torch.Generator:
+    """A generator that depends only on (seed, step): a resumed run draws exactly what it would have."""
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
+
+
+def train_rollout(pair, cfg: TrainConfig, step: int, device):
+    """Sample this step's batch: `batch_size` prompts, each repeated `samples_per_prompt` times."""
+    pick = torch.randint(len(pair.train_prompts), (cfg.batch_size,), generator=step_generator(cfg.seed, step, "cpu"))
+    texts = [format_prompt(pair.tokenizer, pair.train_prompts[i].text) for i in pick.tolist() for _ in range(cfg.samples_per_prompt)]
+    return generate(pair.student, pair.tokenizer, texts, cfg.rollout, generator=step_generator(cfg.seed, step, device), version=step)
+
+
+@torch.no_grad()
+def evaluate(pair, cfg: TrainConfig, device) -> dict:
+    """Held-out quality: exact reverse KL of fresh student samples (fixed seed), and greedy accuracy when
+    the prompts have answers."""
+    pair.student.eval()
+    prompts = pair.eval_prompts[: cfg.eval_prompts]
+    texts = [format_prompt(pair.tokenizer, p.text) for p in prompts]
+    rollout = generate(pair.student, pair.tokenizer, texts, cfg.rollout, generator=step_generator(cfg.seed + 7919, 0, device))
+    _, stats = opd_loss(pair.student, pair.teacher, rollout, chunk=cfg.kl_chunk)
+    result = {"eval_rkl": stats["rkl"]}
+    if all(p.answer is not None for p in prompts):
+        greedy = RolloutConfig(**{**asdict(cfg.rollout), "temperature": 0.0})
+        answers = generate(pair.student, pair.tokenizer, texts, greedy).responses(pair.tokenizer)
+        result["eval_acc"] = sum(a.strip() == p.answer for a, p in zip(answers, prompts)) / len(prompts)
+    return result
+
+
+def train_step(pair, cfg: TrainConfig, optimizer, step: int, device) -> dict:
+    t0 = time.time()
+    pair.student.eval()  # no dropout in sampling or scoring: the trained policy is the sampled one
+    rollout = train_rollout(pair, cfg, step, device)
+    loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(pair.student.parameters(), max_norm)
+    optimizer.step()
+    response_len = rollout.response_mask.sum(1).float().mean().item()
+    return {"step": step, "loss": loss.item(), **stats, "grad_norm": grad_norm.item(), "response_len": response_len, "seconds": time.time() - t0}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Run folder: config, metrics, checkpoints
+
+
+def atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def read_metrics(path: Path, upto: int) -> list[dict]:
+    """Metric lines with step <= upto; a torn last line from a killed run is dropped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec["step"] <= upto:
+            records.append(rec)
+    return records
+
+
+def append_metrics(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def plot_curves(records: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if "rkl" in r]
+    evals = [r for r in records if "eval_rkl" in r]
+    has_acc = any("eval_acc" in r for r in evals)
+    fig, axes = plt.subplots(1, 2 if has_acc else 1, figsize=(10 if has_acc else 5.5, 4), squeeze=False)
+    ax = axes[0, 0]
+    ax.plot([r["step"] for r in train], [r["rkl"] for r in train], label="train reverse KL (on-policy batch)", alpha=0.6)
+    ax.plot([r["step"] for r in evals], [r["eval_rkl"] for r in evals], "o-", label="held-out reverse KL")
+    ax.set(xlabel="step", ylabel="nats / token", title=title)
+    ax.legend()
+    if has_acc:
+        acc = [r for r in evals if "eval_acc" in r]
+        axes[0, 1].plot([r["step"] for r in acc], [r["eval_acc"] for r in acc], "o-", color="C2")
+        axes[0, 1].set(xlabel="step", ylabel="exact-match accuracy (greedy)", title="held-out accuracy", ylim=(0, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: no CUDA device is available here; use --device cpu or auto")
+    if name not in ("cpu", "cuda"):
+        raise BadInput(f"--device {name!r}: choose auto, cpu or cuda")
+    return name
+
+
+def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dict]:
+    """Train according to cfg; return the metric records. The run folder must be new unless resume."""
+    run_dir = Path(cfg.out_dir) / cfg.name
+    ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    device = resolve_device(cfg.device)
+    pair = load_pair(cfg.pair, teacher=cfg.teacher, student=cfg.student, device=device, student_layers=cfg.student_layers, prompts=cfg.prompts)
+    torch.manual_seed(cfg.seed)
+    optimizer = torch.optim.AdamW(pair.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    start = 1
+    if resume and ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=device, weights_only=True)
+        pair.student.load_state_dict(state["student"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"] + 1
+        records = read_metrics(metrics_path, upto=state["step"])
+        # Drop what the killed run logged after its last checkpoint; those steps are redone identically.
+        tmp = metrics_path.with_name("metrics.jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, metrics_path)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path.unlink(missing_ok=True)  # only reachable for a fresh folder or a resume with no checkpoint yet
+        records = []
+    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+
+    if start == 1:  # step 0: the untrained student, evaluated once
+        t0 = time.time()
+        rec = {"step": 0, "tokens": 0, **evaluate(pair, cfg, device), "seconds": time.time() - t0}
+        append_metrics(metrics_path, rec)
+        records.append(rec)
+        if not quiet:
+            tqdm.write(f"step 0: held-out reverse KL {rec['eval_rkl']:.3f}" + (f", accuracy {rec['eval_acc']:.3f}" if "eval_acc" in rec else ""))
+
+    bar = tqdm(range(start, cfg.steps + 1), initial=start - 1, total=cfg.steps, desc=f"OPD {cfg.name}", disable=quiet, unit="step")
+    for step in bar:
+        rec = train_step(pair, cfg, optimizer, step, device)
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            t0 = time.time()
+            rec.update(evaluate(pair, cfg, device))
+            rec["seconds"] += time.time() - t0
+        # Metrics first, then the checkpoint: a kill in between only repeats this step on resume.
+        append_metrics(metrics_path, rec)
+        records.append(rec)
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            atomic_save({"step": step, "student": pair.student.state_dict(), "optimizer": optimizer.state_dict()}, ckpt_path)
+        bar.set_postfix({k: f"{rec[k]:.3f}" for k in ("loss", "rkl", "eval_rkl", "eval_acc") if k in rec})
+
+    plot_curves(records, run_dir / "curves.png", title=f"OPD {cfg.name}")
+    return records
+
+
+def summary(records: list[dict]) -> str:
+    evals = [r for r in records if "eval_rkl" in r]
+    first, last = evals[0], evals[-1]
+    drop = 1 - last["eval_rkl"] / first["eval_rkl"] if first["eval_rkl"] > 0 else 0.0
+    text = f"held-out reverse KL {first['eval_rkl']:.3f} -> {last['eval_rkl']:.3f} nats/token ({drop:.0%} lower)"
+    if "eval_acc" in first:
+        text += f"; held-out accuracy {first['eval_acc']:.3f} -> {last['eval_acc']:.3f}"
+    return text + f"; {sum(r['seconds'] for r in records):.0f}s"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="On-policy distillation: the student lowers reverse KL to the teacher on its own samples.")
+    p.add_argument("--pair", default="smollm2", help=f"embedded pair: {', '.join(PAIRS)} (default smollm2)")
+    p.add_argument("--teacher", help="HF id or local path of the teacher (with --student; replaces --pair)")
+    p.add_argument("--student", help="HF id or local path of the student; must share the teacher's tokenizer")
+    p.add_argument("--student-layers", type=int, default=24, help="smollm2: decoder layers the student keeps, of 30 (default 24)")
+    p.add_argument("--prompts", help="JSONL file of {\"prompt\": ..., \"answer\": optional}; every 10th line is held out")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: 40 tiny, 20 smollm2)")
+    p.add_argument("--batch-size", type=int, help="training prompts per step (default: 16 tiny, 4 smollm2)")
+    p.add_argument("--samples-per-prompt", type=int, help="responses per prompt (default: 4 tiny, 2 smollm2)")
+    p.add_argument("--lr", type=float, help="AdamW learning rate (default: 2e-3 tiny, 5e-5 smollm2)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm; 0 = no clipping (default 1)")
+    p.add_argument("--loss", default="analytic", help="analytic: full-vocabulary reverse KL; sampled: policy gradient on the sampled token")
+    p.add_argument("--kl-chunk", type=int, default=256, help="response tokens per full-vocabulary chunk (default 256)")
+    p.add_argument("--eval-every", type=int, help="evaluate every N steps; 0 = only at start and end (default: 10 tiny, 5 smollm2)")
+    p.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation (default: 64 tiny, 16 smollm2)")
+    p.add_argument("--ckpt-every", type=int, default=1, help="checkpoint every N steps (default 1: a finished step is never lost)")
+    p.add_argument("--seed", type=int, default=0, help="seed for prompt order and sampling (default 0)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present) | cpu | cuda")
+    p.add_argument("--name", default="", help="run folder under runs/ (default: <pair>-<timestamp>)")
+    p.add_argument("--out-dir", default="runs", help="parent folder of run folders (default runs)")
+    p.add_argument("--resume", action="store_true", help="continue runs/<name> from its last checkpoint (its saved config is used; --steps may extend it)")
+    g = p.add_argument_group("rollout engine")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1: sample the policy itself)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = no truncation (default 1)")
+    g.add_argument("--max-new-tokens", type=int, help="response length limit (default: 6 tiny, 48 smollm2)")
+    g.add_argument("--weights", default="fp32", help="engine weight precision: fp32 | bf16 (default fp32)")
+    return p
+
+
+def config_from_args(args) -> TrainConfig:
+    pair = "custom" if args.teacher else args.pair
+    if pair not in PAIR_DEFAULTS:
+        raise BadInput(f"--pair {pair!r}: unknown pair; choose one of {', '.join(PAIRS)} or give --teacher/--student")
+    if args.loss not in LOSSES:
+        raise BadInput(f"--loss {args.loss!r}: choose one of {', '.join(LOSSES)}")
+    d = PAIR_DEFAULTS[pair]
+    pick = lambda key: d[key] if getattr(args, key) is None else getattr(args, key)  # noqa: E731
+    rollout = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=pick("max_new_tokens"), seed=args.seed, weights=args.weights)
+    cfg = TrainConfig(
+        pair=pair, teacher=args.teacher, student=args.student, student_layers=args.student_layers, prompts=args.prompts,
+        steps=pick("steps"), batch_size=pick("batch_size"), samples_per_prompt=pick("samples_per_prompt"), lr=pick("lr"),
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip, loss=args.loss, kl_chunk=args.kl_chunk,
+        eval_every=pick("eval_every"), eval_prompts=pick("eval_prompts"), ckpt_every=args.ckpt_every, seed=args.seed,
+        device=args.device, name=args.name or f"{pair}-{time.strftime('%Y%m%d-%H%M%S')}", out_dir=args.out_dir, rollout=rollout,
+    )  # fmt: skip
+    for key in ("steps", "batch_size", "samples_per_prompt", "kl_chunk", "eval_prompts", "ckpt_every"):
+        if getattr(cfg, key) < 1:
+            raise BadInput(f"--{key.replace('_', '-')} {getattr(cfg, key)}: must be >= 1")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+        raise BadInput(f"--lr {cfg.lr}: must be a positive number")
+    if cfg.eval_every < 0:
+        raise BadInput(f"--eval-every {cfg.eval_every}: must be >= 0 (0 = only at start and end)")
+    return cfg
+
+
+def load_saved_config(run_dir: Path) -> TrainConfig:
+    saved = json.loads((run_dir / "config.json").read_text())
+    rollout = RolloutConfig(**saved.pop("rollout"))
+    known = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in saved.items() if k in known}, rollout=rollout)
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.resume:
+            if not args.name:
+                raise BadInput("--resume needs --name NAME of the run to continue")
+            run_dir = Path(args.out_dir) / args.name
+            if not (run_dir / "config.json").exists():
+                raise BadInput(f"--resume: {run_dir} has no config.json; nothing to resume (start it without --resume)")
+            cfg = load_saved_config(run_dir)
+            if args.steps is not None:
+                cfg.steps = args.steps
+        else:
+            cfg = config_from_args(args)
+            run_dir = Path(cfg.out_dir) / cfg.name
+            if run_dir.exists() and any(run_dir.iterdir()):
+                raise BadInput(f"--name {cfg.name}: {run_dir} already exists; pass --resume to continue it, or choose another --name")
+        records = run(cfg, resume=args.resume)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{cfg.name}: {summary(records)}")
+    print(f"wrote {run_dir}/metrics.jsonl, {run_dir}/curves.png")
+
+
+if __name__ == "__main__":
+    main()
