@@ -22,6 +22,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import logging
 import os
 import random
 import sys
@@ -31,8 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from transformers.utils import logging as hf_logging
+
+# transformers imports torchao, which logs "Failed to load ...so" for its CUDA kernels on CPU-only
+# machines, and torch warns about a torchao Enum; both are harmless, and they would bury our own messages.
+logging.getLogger("torchao").setLevel(logging.ERROR)
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 TINY_DIR = ROOT / "pairs" / "tiny"

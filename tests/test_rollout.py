@@ -8,9 +8,13 @@ from models import format_prompt, tiny_problems
 from rollout import RolloutConfig, generate, positions, top_p_filter
 
 
+SHORT = ["12+34=", "57+94=", "80+61="]  # shorter prompts, so every batch really is left-padded
+
+
 def tiny_prompts(tokenizer, n=6, seed=3):
-    # Mixed lengths (2- and 3-digit operands), so the batch really is left-padded.
-    return [format_prompt(tokenizer, p.text) for p in tiny_problems(n, seed=seed, held_out=True)]
+    texts = [p.text for p in tiny_problems(n, seed=seed, held_out=True)]
+    texts[1 : 1 + len(SHORT)] = SHORT[: max(n - 2, 0)]
+    return [format_prompt(tokenizer, t) for t in texts[:n]]
 
 
 def hf_greedy(model, tokenizer, prompts, max_new_tokens):

@@ -32,7 +32,9 @@ def test_two_step_smoke(tmp_path):
     records = metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2]
     for r in records[1:]:
-        assert {"step", "loss", "rkl", "tokens", "seconds", "eval_rkl", "eval_acc"} <= r.keys()
+        assert {"step", "loss", "rkl", "tokens", "seconds"} <= r.keys()
+    assert {"eval_rkl", "eval_acc"} <= records[0].keys() & records[2].keys()  # step 0 and every 2nd step
+    assert "eval_rkl" not in records[1]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["pair"] == "tiny" and config["rollout"]["temperature"] == 1.0
     assert (run_dir / "curves.png").stat().st_size > 0 and (run_dir / "checkpoint.pt").exists()
