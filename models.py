@@ -233,7 +233,7 @@ def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
 
 def load_tiny(device: str) -> Pair:
     teacher, student, tokenizer = load_hf_pair(str(TINY_DIR / "teacher"), str(TINY_DIR / "student"), device)
-    return Pair("tiny", teacher, student, tokenizer, tiny_problems(2000, seed=1, held_out=False), tiny_problems(64, seed=2, held_out=True))
+    return Pair("tiny", teacher, student, tokenizer, tiny_problems(2000, seed=1, held_out=False), tiny_problems(256, seed=2, held_out=True))
 
 
 # ---------------------------------------------------------------------------------------------------

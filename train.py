@@ -39,9 +39,9 @@ LOSSES = ("analytic", "sampled")
 
 # Settings that differ per pair; anything not given on the command line comes from here.
 PAIR_DEFAULTS = {
-    "tiny": dict(steps=40, batch_size=16, samples_per_prompt=4, lr=2e-3, eval_every=10, eval_prompts=64, max_new_tokens=6),
-    "smollm2": dict(steps=20, batch_size=4, samples_per_prompt=2, lr=5e-5, eval_every=5, eval_prompts=16, max_new_tokens=48),
-    "custom": dict(steps=20, batch_size=4, samples_per_prompt=2, lr=5e-5, eval_every=5, eval_prompts=16, max_new_tokens=48),
+    "tiny": dict(steps=200, batch_size=64, samples_per_prompt=4, lr=3e-4, warmup=10, eval_every=50, eval_prompts=256, max_new_tokens=6),
+    "smollm2": dict(steps=12, batch_size=4, samples_per_prompt=2, lr=5e-5, warmup=0, eval_every=4, eval_prompts=16, max_new_tokens=48),
+    "custom": dict(steps=20, batch_size=4, samples_per_prompt=2, lr=5e-5, warmup=0, eval_every=5, eval_prompts=16, max_new_tokens=48),
 }
 
 
@@ -57,7 +57,8 @@ class TrainConfig:
     steps: int = 20  # optimizer steps
     batch_size: int = 4  # training prompts per step
     samples_per_prompt: int = 2  # responses sampled per prompt
-    lr: float = 5e-5  # AdamW learning rate (constant)
+    lr: float = 5e-5  # AdamW peak learning rate
+    warmup: int = 0  # steps of linear learning-rate warm-up, then constant
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (policy gradient on the sampled token)
@@ -171,8 +172,15 @@ def evaluate(pair, cfg: TrainConfig, device) -> dict:
     return result
 
 
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """Linear warm-up over `warmup` steps, then constant. A function of the step alone, so resume needs no state."""
+    return cfg.lr * min(1.0, step / cfg.warmup) if cfg.warmup else cfg.lr
+
+
 def train_step(pair, cfg: TrainConfig, optimizer, step: int, device) -> dict:
     t0 = time.time()
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(cfg, step)
     pair.student.eval()  # no dropout in sampling or scoring: the trained policy is the sampled one
     rollout = train_rollout(pair, cfg, step, device)
     loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk)
@@ -328,16 +336,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--student", help="HF id or local path of the student; must share the teacher's tokenizer")
     p.add_argument("--student-layers", type=int, default=24, help="smollm2: decoder layers the student keeps, of 30 (default 24)")
     p.add_argument("--prompts", help="JSONL file of {\"prompt\": ..., \"answer\": optional}; every 10th line is held out")
-    p.add_argument("--steps", type=int, help="optimizer steps (default: 40 tiny, 20 smollm2)")
-    p.add_argument("--batch-size", type=int, help="training prompts per step (default: 16 tiny, 4 smollm2)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: 200 tiny, 12 smollm2)")
+    p.add_argument("--batch-size", type=int, help="training prompts per step (default: 64 tiny, 4 smollm2)")
     p.add_argument("--samples-per-prompt", type=int, help="responses per prompt (default: 4 tiny, 2 smollm2)")
-    p.add_argument("--lr", type=float, help="AdamW learning rate (default: 2e-3 tiny, 5e-5 smollm2)")
+    p.add_argument("--lr", type=float, help="AdamW peak learning rate (default: 3e-4 tiny, 5e-5 smollm2)")
+    p.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up (default: 10 tiny, 0 smollm2)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm; 0 = no clipping (default 1)")
     p.add_argument("--loss", default="analytic", help="analytic: full-vocabulary reverse KL; sampled: policy gradient on the sampled token")
     p.add_argument("--kl-chunk", type=int, default=256, help="response tokens per full-vocabulary chunk (default 256)")
-    p.add_argument("--eval-every", type=int, help="evaluate every N steps; 0 = only at start and end (default: 10 tiny, 5 smollm2)")
-    p.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation (default: 64 tiny, 16 smollm2)")
+    p.add_argument("--eval-every", type=int, help="evaluate every N steps; 0 = only at start and end (default: 50 tiny, 4 smollm2)")
+    p.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation (default: 256 tiny, 16 smollm2)")
     p.add_argument("--ckpt-every", type=int, default=1, help="checkpoint every N steps (default 1: a finished step is never lost)")
     p.add_argument("--seed", type=int, default=0, help="seed for prompt order and sampling (default 0)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present) | cpu | cuda")
@@ -363,7 +372,7 @@ def config_from_args(args) -> TrainConfig:
     rollout = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=pick("max_new_tokens"), seed=args.seed, weights=args.weights)
     cfg = TrainConfig(
         pair=pair, teacher=args.teacher, student=args.student, student_layers=args.student_layers, prompts=args.prompts,
-        steps=pick("steps"), batch_size=pick("batch_size"), samples_per_prompt=pick("samples_per_prompt"), lr=pick("lr"),
+        steps=pick("steps"), batch_size=pick("batch_size"), samples_per_prompt=pick("samples_per_prompt"), lr=pick("lr"), warmup=pick("warmup"),
         weight_decay=args.weight_decay, grad_clip=args.grad_clip, loss=args.loss, kl_chunk=args.kl_chunk,
         eval_every=pick("eval_every"), eval_prompts=pick("eval_prompts"), ckpt_every=args.ckpt_every, seed=args.seed,
         device=args.device, name=args.name or f"{pair}-{time.strftime('%Y%m%d-%H%M%S')}", out_dir=args.out_dir, rollout=rollout,
