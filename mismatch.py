@@ -31,23 +31,34 @@ Two parts of mismatch:
     python mismatch.py --pair tiny --weights bf16
 """
 
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+
 import torch
+from tqdm import tqdm
 
-from train import head, response_hidden
+from models import PAIRS, BadInput, format_prompt, load_pair
+from rollout import RolloutConfig, RolloutEngine
+from train import PAIR_DEFAULTS, TrainConfig, head, make_engine, response_hidden, rollout_config_from_args, train_step
 
 
-def exact_token_kl(engine, train, rollout, chunk: int = 256) -> torch.Tensor:
+def exact_token_kl(engine: RolloutEngine, train, rollout, chunk: int = 256) -> torch.Tensor:
     """Exact KL(π_engine ‖ π_train) at every response token of `rollout`: kl_N (row-major order).
 
+    The engine side is scored through the engine's own model and an empty cache of its kind, in one pass:
+    our FP8 KV cache quantizes prompt and response alike, so this gives the distributions it sampled from.
     Vocabulary-sized logits are formed `chunk` tokens at a time, so gemma3's 262k vocabulary fits.
     """
     with torch.no_grad():
-        h_e_N_H, _ = response_hidden(engine, rollout)
+        h_e_N_H, _ = response_hidden(engine.model, rollout, cache=engine.new_cache())
         h_t_N_H, _ = response_hidden(train, rollout)
         out = []
         for i in range(0, len(h_e_N_H), chunk):
-            logp_e = torch.log_softmax(head(engine, h_e_N_H[i : i + chunk]).float(), -1)
-            logp_t = torch.log_softmax(head(train, h_t_N_H[i : i + chunk].to(h_e_N_H.dtype)).float(), -1)
+            logp_e = torch.log_softmax(head(engine.model, h_e_N_H[i : i + chunk]).float(), -1)
+            logp_t = torch.log_softmax(head(train, h_t_N_H[i : i + chunk]).float(), -1)
             out.append((logp_e.exp() * (logp_e - logp_t)).sum(-1))
         return torch.cat(out) if out else torch.zeros(0)
 
@@ -91,3 +102,130 @@ def bootstrap_ci(kl_N: torch.Tensor, seq_id_N: torch.Tensor, n_boot: int = 1000,
     means_R = seq_sum[idx_R_S].sum(1) / seq_len[idx_R_S].sum(1)
     lo, hi = torch.quantile(means_R, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
     return lo, hi
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring a configuration
+
+
+def measure(engine: RolloutEngine, train, tokenizer, prompts: list[str], seed: int = 0, chunk: int = 256) -> dict:
+    """Every metric of this module for one engine against one trainer policy, on the engine's samples."""
+    rollout = engine.generate(prompts, generator=torch.Generator(engine.device).manual_seed(seed))
+    kl_N = exact_token_kl(engine, train, rollout, chunk).cpu()
+    mask = rollout.response_mask[:, 1:].bool()
+    seq_id_N = torch.arange(len(prompts), device=mask.device)[:, None].expand_as(mask)[mask].cpu()
+    with torch.no_grad():
+        h_N_H, y_N = response_hidden(train, rollout)
+        logp_train_N = torch.cat([torch.log_softmax(head(train, h_N_H[i : i + chunk]).float(), -1).gather(-1, y_N[i : i + chunk, None]).squeeze(-1)
+                                  for i in range(0, len(y_N), chunk)]).cpu()  # fmt: skip
+    logp_engine_N = rollout.logprobs[:, 1:][mask].cpu()
+    lo, hi = bootstrap_ci(kl_N, seq_id_N, seed=seed)
+    return {"mismatch_kl": kl_N.mean().item(), "ci_low": lo, "ci_high": hi, "tokens": len(kl_N),
+            **sampled_token_metrics(logp_engine_N, logp_train_N, seq_id_N)}  # fmt: skip
+
+
+def opd_trajectory(pair, steps: int, device) -> list[dict]:
+    """Weights after 0..steps real OPD steps (the pair's default settings): what a stale engine serves."""
+    import copy
+
+    cfg = TrainConfig(pair=pair.name, **{k: v for k, v in PAIR_DEFAULTS[pair.name].items() if k != "max_new_tokens"})
+    cfg.rollout = RolloutConfig(max_new_tokens=PAIR_DEFAULTS[pair.name]["max_new_tokens"])
+    student = copy.deepcopy(pair.student)
+    work = copy.copy(pair)
+    work.student = student
+    optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
+    engine = make_engine(work, cfg)
+    snapshots = [{k: v.detach().clone() for k, v in student.state_dict().items()}]
+    for step in range(1, steps + 1):
+        train_step(work, engine, cfg, optimizer, step, device)
+        snapshots.append({k: v.detach().clone() for k, v in student.state_dict().items()})
+    return snapshots
+
+
+def sources(cfg: RolloutConfig) -> list[tuple[str, RolloutConfig]]:
+    """Each non-default mismatch source of cfg alone, then all of them together (when more than one)."""
+    base = RolloutConfig(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    rows = []
+    if cfg.weights != "fp32":
+        rows.append((f"weights {cfg.weights}", replace(base, weights=cfg.weights, fp8_skip=cfg.fp8_skip)))
+    if cfg.kv_cache != "model":
+        rows.append((f"kv {cfg.kv_cache} ({cfg.kv_scales})", replace(base, kv_cache=cfg.kv_cache, kv_scales=cfg.kv_scales)))
+    if cfg.staleness:
+        rows.append((f"staleness {cfg.staleness}", replace(base, staleness=cfg.staleness)))
+    if cfg.noise:
+        rows.append((f"noise {cfg.noise:g}", replace(base, noise=cfg.noise)))
+    if len(rows) != 1:
+        rows.append(("combined" if rows else "identical copy", replace(cfg, temperature=1.0, top_p=1.0)))
+    return rows
+
+
+def measure_sources(pair, cfg: RolloutConfig, n_probes: int, device, progress: bool = True) -> list[dict]:
+    """The table: every source of cfg alone and combined, each against the trainer's current policy."""
+    import copy
+
+    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
+    calib = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]
+    trajectory = opd_trajectory(pair, cfg.staleness, device) if cfg.staleness else None
+    train = pair.student
+    if trajectory:
+        train = copy.deepcopy(pair.student)
+        train.load_state_dict(trajectory[-1])
+    results = []
+    for name, row in tqdm(sources(cfg), desc="sources", disable=not progress):
+        t0 = time.time()
+        engine = RolloutEngine(train, pair.tokenizer, row, probe_prompts=calib)
+        if row.staleness:  # push the trajectory: the engine serves the weights `staleness` versions back
+            for version, weights in enumerate(trajectory):
+                train.load_state_dict(weights)
+                engine.sync(train, version)
+        else:
+            engine.sync(train, 0)
+        results.append({"source": name, **measure(engine, train, pair.tokenizer, probes, seed=cfg.seed), "seconds": time.time() - t0})
+    return results
+
+
+def print_table(results: list[dict], pair: str) -> None:
+    print(f"mismatch on {pair}: KL(π_engine ‖ π_train), nats/token, on the engine's own samples (95% bootstrap CI over prompts)")
+    print(f"{'source':<26}{'mismatch_kl':>12}{'95% CI':>24}{'k3':>11}{'k1':>11}{'|Δp| mean':>11}{'chi2':>10}{'ess':>7}{'seq_kl':>9}{'s':>7}")
+    for r in results:
+        ci = f"[{r['ci_low']:.2e}, {r['ci_high']:.2e}]"
+        print(f"{r['source']:<26}{r['mismatch_kl']:>12.3e}{ci:>24}{r['k3']:>11.2e}{r['k1']:>11.2e}{r['dp_mean']:>11.2e}{r['chi2']:>10.2e}"
+              f"{r['ess']:>7.3f}{r['seq_kl']:>9.3f}{r['seconds']:>7.1f}")  # fmt: skip
+
+
+def main(argv=None) -> None:
+    from train import build_parser
+
+    parser = argparse.ArgumentParser(description="Measure each mismatch source of a rollout configuration on the one scale.", add_help=True)
+    parser.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)} (default tiny)")
+    parser.add_argument("--probes", type=int, help="held-out probe prompts (default: 64 tiny, 16 smollm2)")
+    parser.add_argument("--json", action="store_true", help="print JSON (one object per row; mismatch_kl is the canonical number)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    # The rollout flags are train.py's, so a configuration reads the same everywhere.
+    engine_group = next(g for g in build_parser()._action_groups if g.title == "rollout engine")
+    for action in engine_group._group_actions:
+        if action.dest not in ("temperature", "top_p"):
+            parser._add_action(action)
+    parser.add_argument("--seed", type=int, default=0, help="sampling and noise seed")
+    args = parser.parse_args(argv)
+    args.temperature, args.top_p = 1.0, 1.0  # mismatch is measured between the policies themselves
+    try:
+        if args.pair not in PAIR_DEFAULTS or args.pair == "custom":
+            raise BadInput(f"--pair {args.pair!r}: choose one of {', '.join(PAIRS)}")
+        from train import resolve_device
+
+        device = resolve_device(args.device)
+        cfg = rollout_config_from_args(args, max_new_tokens=args.max_new_tokens or PAIR_DEFAULTS[args.pair]["max_new_tokens"])
+        pair = load_pair(args.pair, device=device)
+        results = measure_sources(pair, cfg, args.probes or {"tiny": 64}.get(args.pair, 16), device, progress=not args.json)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if args.json:
+        print(json.dumps({"pair": args.pair, "scale": "KL(engine||train) nats/token", "device": device, "rows": results}, indent=2))
+    else:
+        print_table(results, args.pair)
+
+
+if __name__ == "__main__":
+    main()

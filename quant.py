@@ -20,10 +20,13 @@ Fp8QuantizedLayer attends to the unquantized states in prefill.)
 """
 
 import argparse
+import fnmatch
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from models import BadInput
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448.0
@@ -126,6 +129,45 @@ def kv_bytes_per_token(config, kv_cache: str, dtype_bytes: int = 2) -> float:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     elems = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
     return elems * (1 if kv_cache == "fp8" else dtype_bytes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# FP8 weights (torchao)
+
+DEFAULT_SKIP = ("lm_head",)  # the output head stays in high precision unless a skip list without it is given
+
+
+def fp8_dyn_available() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
+    """Quantize the Linear layers of `model` in place with torchao; modules matching a `skip` pattern stay.
+
+    fp8      Float8WeightOnlyConfig, per-row scales: weights stored in e4m3, matmuls in the activation dtype.
+    fp8-dyn  Float8DynamicActivationFloat8WeightConfig, per-row: W8A8 with real FP8 matmuls (CUDA sm >= 8.9).
+    fp8-emu  an *emulation* of fp8-dyn's numerics on any device: torchao fake quantization (QATConfig with
+             Float8FakeQuantizeConfig(PerRow) for activations and weights) rounds both through e4m3 and
+             computes in high precision. Same rounding, none of the speed.
+    Embeddings are not Linear layers and are never touched.
+    """
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, PerRow, quantize_
+    from torchao.quantization.qat import Float8FakeQuantizeConfig, QATConfig
+
+    if mode == "fp8-dyn" and not fp8_dyn_available():
+        raise BadInput("weights 'fp8-dyn' needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); use 'fp8' or the emulation 'fp8-emu' here")
+    configs = {
+        "fp8": lambda: Float8WeightOnlyConfig(granularity=PerRow()),
+        "fp8-dyn": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+        "fp8-emu": lambda: QATConfig(activation_config=Float8FakeQuantizeConfig(granularity=PerRow()),
+                                     weight_config=Float8FakeQuantizeConfig(granularity=PerRow()), step="prepare"),  # fmt: skip
+    }
+
+    def keep_in_fp8(module, name: str) -> bool:
+        return isinstance(module, torch.nn.Linear) and not any(fnmatch.fnmatch(name, pat) for pat in skip)
+
+    quantize_(model, configs[mode](), filter_fn=keep_in_fp8)
+    return model
 
 
 def main(argv=None) -> None:

@@ -19,8 +19,10 @@ Which distribution the log-probs come from (every mismatch number depends on thi
 """
 
 import argparse
+import copy
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 
 import torch
@@ -28,8 +30,9 @@ from transformers import DynamicCache
 
 from models import BadInput, format_prompt
 
-WEIGHTS = ("fp32", "bf16")  # engine weight precision; FP8 variants join here with the mismatch-sources work
-KV_CACHES = ("model",)  # "model" = the KV cache stores keys/values in the engine weights' dtype
+WEIGHTS = ("fp32", "bf16", "fp8", "fp8-dyn", "fp8-emu")  # engine weight precision (quant.py has the FP8 ones)
+KV_CACHES = ("model", "fp8")  # model = keys/values in the engine's compute dtype; fp8 = quant.Fp8KVLayer
+KV_SCALES = ("calibrated", "unit")
 
 
 @dataclass
@@ -41,8 +44,10 @@ class RolloutConfig:
     max_new_tokens: int = 48  # response length limit (EOS usually ends a row earlier)
     seed: int = 0  # seeds the sampling generator when the caller passes none
     ignore_eos: bool = False  # keep sampling past EOS (for benchmarks that need a fixed length)
-    weights: str = "fp32"  # engine weight precision: fp32 | bf16
-    kv_cache: str = "model"  # KV cache storage: model (same dtype as the weights)
+    weights: str = "fp32"  # engine weight precision: fp32 | bf16 | fp8 (weight-only) | fp8-dyn (W8A8, CUDA) | fp8-emu
+    fp8_skip: tuple = ("lm_head",)  # module-name patterns (fnmatch) kept in high precision under fp8 weights
+    kv_cache: str = "model"  # KV cache storage: model (engine compute dtype) | fp8 (e4m3, per-head scales)
+    kv_scales: str = "calibrated"  # fp8 KV scales: calibrated (amax/448 on probe prompts) | unit (1.0)
     staleness: int = 0  # optimizer steps the engine's weights lag behind the trainer; 0 = synchronous
     noise: float = 0.0  # relative std of Gaussian noise on the engine's weights; 0 = none
 
@@ -53,12 +58,14 @@ class RolloutConfig:
             (self.max_new_tokens >= 1, f"max_new_tokens {self.max_new_tokens}: must be >= 1"),
             (self.weights in WEIGHTS, f"weights {self.weights!r}: choose one of {', '.join(WEIGHTS)}"),
             (self.kv_cache in KV_CACHES, f"kv_cache {self.kv_cache!r}: choose one of {', '.join(KV_CACHES)}"),
-            (self.staleness == 0, f"staleness {self.staleness}: only 0 (synchronous) is available so far"),
-            (self.noise == 0, f"noise {self.noise}: only 0 is available so far"),
+            (self.kv_scales in KV_SCALES, f"kv_scales {self.kv_scales!r}: choose one of {', '.join(KV_SCALES)}"),
+            (self.staleness >= 0, f"staleness {self.staleness}: must be >= 0 (0 = synchronous)"),
+            (self.noise >= 0, f"noise {self.noise}: must be >= 0 (0 = no noise)"),
         ]
         for ok, message in checks:
             if not ok:
                 raise BadInput(message)
+        self.fp8_skip = tuple(self.fp8_skip)  # a list after a JSON round trip
 
 
 @dataclass
@@ -193,13 +200,81 @@ def generate(model, tokenizer, prompts: list[str], cfg: RolloutConfig, generator
     )
 
 
-def engine_model(model, cfg: RolloutConfig):
-    """The model the engine samples with: the trainer's own in fp32, or a cast copy in bf16."""
-    if cfg.weights == "fp32":
-        return model
-    import copy
+# ---------------------------------------------------------------------------------------------------
+# The engine's own weight copy
 
-    return copy.deepcopy(model).to(torch.bfloat16)
+
+def add_weight_noise(model, sigma: float, generator: torch.Generator) -> None:
+    """W <- W + σ · rms(W) · ε, ε ~ N(0, I), for every parameter tensor: noise relative to the tensor's scale."""
+    with torch.no_grad():
+        for p in model.parameters():
+            rms = p.float().pow(2).mean().sqrt()
+            p.add_((torch.randn(p.shape, generator=generator, device=p.device) * sigma * rms).to(p.dtype))
+
+
+def snapshot(model) -> dict:
+    """A detached copy of the weights. Tied tensors (embeddings = lm_head) are copied once and stay tied."""
+    copies = {}
+    return {k: copies.setdefault(v.data_ptr(), v.detach().clone()) for k, v in model.state_dict().items()}
+
+
+class RolloutEngine:
+    """The rollout engine's own copy of the student, changed the way a cheap rollout system changes it.
+
+    sync(student, version) pushes the trainer's weights after each optimizer step. The engine then serves:
+        staleness k  the weights of version max(v − k, first version seen): it keeps the last k+1 snapshots
+                     (memory: (k+1) × the student's fp32 size, about 0.45 GB each for smollm2);
+        noise σ      add_weight_noise with a generator seeded by (seed, served version), so it is reproducible;
+        weights      the copy cast to bf16 or quantized to FP8 (quant.quantize_weights), after the noise;
+        kv_cache     fp8: quant.Fp8KVLayer with calibrated (probe prompts, recomputed at every new version)
+                     or unit scales.
+    The engine's model is rebuilt from the served snapshot at every new version, so FP8 weights are
+    re-quantized after every sync.
+    """
+
+    def __init__(self, student, tokenizer, cfg: RolloutConfig, probe_prompts: list[str] = ()):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.template = copy.deepcopy(student).cpu()  # architecture only; weights come from snapshots
+        self.device = next(student.parameters()).device
+        self.probe_prompts = list(probe_prompts)
+        self.snapshots: deque = deque()
+        self.model, self.version, self.kv_scales = None, None, None
+
+    def sync(self, student, version: int) -> None:
+        self.snapshots.append((version, snapshot(student)))
+        while len(self.snapshots) > self.cfg.staleness + 1:
+            self.snapshots.popleft()
+        served, weights = self.snapshots[0]
+        if served != self.version:
+            self.model, self.version = self._build(weights, served), served
+
+    def _build(self, weights: dict, version: int):
+        from quant import KVScales, calibrate_kv_scales, quantize_weights
+
+        model = copy.deepcopy(self.template).to(self.device)
+        model.load_state_dict(weights)
+        if self.cfg.noise > 0:
+            add_weight_noise(model, self.cfg.noise, torch.Generator(self.device).manual_seed(self.cfg.seed * 1_000_003 + version))
+        if self.cfg.weights == "bf16":
+            model = model.to(torch.bfloat16)
+        elif self.cfg.weights.startswith("fp8"):
+            quantize_weights(model, self.cfg.weights, self.cfg.fp8_skip)
+        model.eval()
+        if self.cfg.kv_cache == "fp8":
+            calibrate = self.cfg.kv_scales == "calibrated"
+            if calibrate and not self.probe_prompts:
+                raise BadInput("kv_scales 'calibrated' needs probe prompts to calibrate on; pass some, or use kv_scales 'unit'")
+            self.kv_scales = calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, self.cfg) if calibrate else KVScales.unit(model.config)
+        return model
+
+    def new_cache(self):
+        """An empty KV cache of the engine's kind (None = the model's default)."""
+        from quant import fp8_kv_cache
+
+        return fp8_kv_cache(self.kv_scales) if self.cfg.kv_cache == "fp8" else None
+
+    def generate(self, prompts: list[str], generator: torch.Generator | None = None) -> Rollout:
+        return generate(self.model, self.tokenizer, prompts, self.cfg, generator=generator, version=self.version, cache=self.new_cache())
 
 
 def main(argv=None) -> None:

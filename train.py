@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
-from rollout import RolloutConfig, generate, positions
+from rollout import RolloutConfig, RolloutEngine, generate, positions
 
 LOSSES = ("analytic", "sampled")
 
@@ -86,13 +86,15 @@ def reverse_kl_terms(student_logits_N_V: torch.Tensor, teacher_logits_N_V: torch
     return kl_N, pick(logp_s_N_V), pick(logp_t_N_V)
 
 
-def response_hidden(model, rollout) -> tuple[torch.Tensor, torch.Tensor]:
+def response_hidden(model, rollout, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states at the positions that predict response tokens, and those tokens.
 
     Position t−1's output predicts token t, so the hidden states are shifted by one against the mask.
     Returns h_N_H and y_N, where N = number of response tokens in the batch (row-major order).
+    `cache`: an empty KV cache to score through (the engine's FP8 cache, so its rounding is included).
     """
-    out = model.get_decoder()(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask))
+    out = model.get_decoder()(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask),
+                              cache=cache, use_cache=cache is not None)  # fmt: skip
     target_B_T = rollout.response_mask[:, 1:].bool()  # [B, T-1]: which next tokens are response tokens
     return out.last_hidden_state[:, :-1][target_B_T], rollout.tokens[:, 1:][target_B_T]
 
@@ -148,11 +150,17 @@ def step_generator(seed: int, step: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
 
 
-def train_rollout(pair, cfg: TrainConfig, step: int, device):
-    """Sample this step's batch: `batch_size` prompts, each repeated `samples_per_prompt` times."""
+def train_rollout(pair, engine: RolloutEngine, cfg: TrainConfig, step: int, device):
+    """Sample this step's batch with the engine: `batch_size` prompts, each `samples_per_prompt` times."""
     pick = torch.randint(len(pair.train_prompts), (cfg.batch_size,), generator=step_generator(cfg.seed, step, "cpu"))
     texts = [format_prompt(pair.tokenizer, pair.train_prompts[i].text) for i in pick.tolist() for _ in range(cfg.samples_per_prompt)]
-    return generate(pair.student, pair.tokenizer, texts, cfg.rollout, generator=step_generator(cfg.seed, step, device), version=step)
+    return engine.generate(texts, generator=step_generator(cfg.seed, step, device))
+
+
+def make_engine(pair, cfg: TrainConfig) -> RolloutEngine:
+    """The rollout engine; fp8 KV scales are calibrated on the first 8 training prompts (never eval ones)."""
+    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]
+    return RolloutEngine(pair.student, pair.tokenizer, cfg.rollout, probe_prompts=probes)
 
 
 @torch.no_grad()
@@ -177,12 +185,18 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * min(1.0, step / cfg.warmup) if cfg.warmup else cfg.lr
 
 
-def train_step(pair, cfg: TrainConfig, optimizer, step: int, device) -> dict:
+def train_step(pair, engine: RolloutEngine, cfg: TrainConfig, optimizer, step: int, device) -> dict:
+    """One OPD step. The weights entering step s are version s − 1 (that many updates applied)."""
+    from mismatch import exact_token_kl
+
     t0 = time.time()
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(cfg, step)
     pair.student.eval()  # no dropout in sampling or scoring: the trained policy is the sampled one
-    rollout = train_rollout(pair, cfg, step, device)
+    engine.sync(pair.student, version=step - 1)
+    rollout = train_rollout(pair, engine, cfg, step, device)
+    # The one scale: exact KL(π_engine ‖ π_train) per token on the engine's samples (see mismatch.py).
+    mismatch_kl = exact_token_kl(engine, pair.student, rollout, chunk=cfg.kl_chunk).mean().item()
     loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -190,7 +204,8 @@ def train_step(pair, cfg: TrainConfig, optimizer, step: int, device) -> dict:
     grad_norm = torch.nn.utils.clip_grad_norm_(pair.student.parameters(), max_norm)
     optimizer.step()
     response_len = rollout.response_mask.sum(1).float().mean().item()
-    return {"step": step, "loss": loss.item(), **stats, "grad_norm": grad_norm.item(), "response_len": response_len, "seconds": time.time() - t0}
+    return {"step": step, "loss": loss.item(), **stats, "mismatch_kl": mismatch_kl, "engine_version": rollout.version,
+            "grad_norm": grad_norm.item(), "response_len": response_len, "seconds": time.time() - t0}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -297,9 +312,14 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
         if not quiet:
             tqdm.write(f"step 0: held-out reverse KL {rec['eval_rkl']:.3f}" + (f", accuracy {rec['eval_acc']:.3f}" if "eval_acc" in rec else ""))
 
+    engine = make_engine(pair, cfg)
+    if start > 1 and cfg.rollout.staleness:
+        # A stale engine serves snapshots the trainer has since overwritten; rebuild them by replaying is not
+        # possible from one checkpoint, so a resumed stale run serves the resumed weights until it catches up.
+        tqdm.write(f"note: resuming with staleness {cfg.rollout.staleness}; the engine restarts from the step-{start - 1} weights")
     bar = tqdm(range(start, cfg.steps + 1), initial=start - 1, total=cfg.steps, desc=f"OPD {cfg.name}", disable=quiet, unit="step")
     for step in bar:
-        rec = train_step(pair, cfg, optimizer, step, device)
+        rec = train_step(pair, engine, cfg, optimizer, step, device)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             t0 = time.time()
             rec.update(evaluate(pair, cfg, device))
@@ -357,8 +377,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1: sample the policy itself)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = no truncation (default 1)")
     g.add_argument("--max-new-tokens", type=int, help="response length limit (default: 6 tiny, 48 smollm2)")
-    g.add_argument("--weights", default="fp32", help="engine weight precision: fp32 | bf16 (default fp32)")
+    g.add_argument("--weights", default="fp32", help="engine weight precision: fp32 | bf16 | fp8 (weight-only) | fp8-dyn (W8A8, CUDA sm>=8.9) | fp8-emu (W8A8 emulated)")
+    g.add_argument("--fp8-skip", default="lm_head", help="comma-separated module-name patterns kept in high precision under fp8 weights (default lm_head; '' = quantize every Linear)")
+    g.add_argument("--kv-cache", default="model", help="KV cache: model (engine dtype) | fp8 (e4m3, per-head scales)")
+    g.add_argument("--kv-scales", default="calibrated", help="fp8 KV scales: calibrated (amax/448 on probe prompts) | unit (1.0)")
+    g.add_argument("--staleness", type=int, default=0, help="optimizer steps the engine lags behind the trainer; 0 = synchronous")
+    g.add_argument("--noise", type=float, default=0.0, help="relative std of Gaussian noise on the engine's weights; 0 = none")
     return p
+
+
+def rollout_config_from_args(args, max_new_tokens: int) -> RolloutConfig:
+    """The rollout engine flags, shared by train.py, mismatch.py and admit.py."""
+    skip = tuple(p for p in args.fp8_skip.split(",") if p)
+    return RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=max_new_tokens, seed=args.seed, weights=args.weights,
+                         fp8_skip=skip, kv_cache=args.kv_cache, kv_scales=args.kv_scales, staleness=args.staleness, noise=args.noise)  # fmt: skip
 
 
 def config_from_args(args) -> TrainConfig:
@@ -369,7 +401,7 @@ def config_from_args(args) -> TrainConfig:
         raise BadInput(f"--loss {args.loss!r}: choose one of {', '.join(LOSSES)}")
     d = PAIR_DEFAULTS[pair]
     pick = lambda key: d[key] if getattr(args, key) is None else getattr(args, key)  # noqa: E731
-    rollout = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=pick("max_new_tokens"), seed=args.seed, weights=args.weights)
+    rollout = rollout_config_from_args(args, max_new_tokens=pick("max_new_tokens"))
     cfg = TrainConfig(
         pair=pair, teacher=args.teacher, student=args.student, student_layers=args.student_layers, prompts=args.prompts,
         steps=pick("steps"), batch_size=pick("batch_size"), samples_per_prompt=pick("samples_per_prompt"), lr=pick("lr"), warmup=pick("warmup"),

@@ -1,0 +1,86 @@
+"""The one scale: identity values, monotone in noise, staleness serving t−k, estimators vs exact."""
+
+import pytest
+import torch
+from conftest import assert_close
+
+from mismatch import bootstrap_ci, measure, sampled_token_metrics
+from models import format_prompt
+from rollout import RolloutConfig, RolloutEngine
+
+
+def probes(pair, n=32):
+    return [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n]]
+
+
+def measure_cfg(pair, cfg):
+    engine = RolloutEngine(pair.student, pair.tokenizer, cfg)
+    engine.sync(pair.student, 0)
+    return measure(engine, pair.student, pair.tokenizer, probes(pair))
+
+
+def test_identical_engine_gives_identity_values(tiny_pair):
+    r = measure_cfg(tiny_pair, RolloutConfig(max_new_tokens=6))
+    assert abs(r["mismatch_kl"]) < 1e-7 and abs(r["ci_low"]) < 1e-7 and abs(r["ci_high"]) < 1e-7
+    for key, identity in [("k1", 0), ("k3", 0), ("dp_mean", 0), ("dp_max", 0), ("chi2", 0), ("ratio_mean", 1), ("ratio_min", 1),
+                          ("ratio_max", 1), ("ess", 1), ("logppl_diff", 0), ("seq_kl", 0), ("seq_ess", 1)]:  # fmt: skip
+        assert abs(r[key] - identity) < 1e-5, (key, r[key])
+
+
+def test_mismatch_grows_with_noise(tiny_pair):
+    values = [measure_cfg(tiny_pair, RolloutConfig(max_new_tokens=6, noise=s))["mismatch_kl"] for s in (0.003, 0.01, 0.03, 0.1)]
+    assert all(a < b for a, b in zip(values, values[1:])), values
+
+
+def test_noise_is_relative_and_seeded(random_model, tokenizer):
+    cfg = RolloutConfig(noise=0.1, seed=3)
+    a, b = RolloutEngine(random_model, tokenizer, cfg), RolloutEngine(random_model, tokenizer, cfg)
+    a.sync(random_model, 5), b.sync(random_model, 5)
+    w, wa, wb = random_model.model.layers[0].mlp.up_proj.weight, a.model.model.layers[0].mlp.up_proj.weight, b.model.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(wa, wb), "same seed and version, same noise"
+    rel = ((wa - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt()).item()
+    assert 0.09 < rel < 0.11, rel
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_staleness_serves_version_t_minus_k(random_model, tokenizer, k):
+    engine = RolloutEngine(random_model, tokenizer, RolloutConfig(staleness=k))
+    for step in range(6):
+        with torch.no_grad():
+            for p in random_model.parameters():
+                p.fill_(float(step))  # the weights encode the step number
+        engine.sync(random_model, step)
+        expected = max(step - k, 0)
+        assert engine.version == expected
+        assert all((p == expected).all() for p in engine.model.parameters())
+    assert len(engine.snapshots) == k + 1
+
+
+def test_staleness_zero_equals_synchronous(tiny_pair):
+    prompts = probes(tiny_pair, 8)
+    engine = RolloutEngine(tiny_pair.student, tiny_pair.tokenizer, RolloutConfig(max_new_tokens=6))
+    engine.sync(tiny_pair.student, 0)
+    from rollout import generate
+
+    ours = engine.generate(prompts, generator=torch.Generator().manual_seed(1))
+    sync = generate(tiny_pair.student, tiny_pair.tokenizer, prompts, RolloutConfig(max_new_tokens=6), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ours.tokens, sync.tokens) and torch.equal(ours.logprobs, sync.logprobs)
+
+
+def test_exact_kl_equals_direct_and_k3_matches_in_expectation():
+    """On a 5-token vocabulary, E_{y~π_e}[k3] and E[k1] equal the exact KL(π_e ‖ π_t) (enumeration)."""
+    torch.manual_seed(0)
+    logp_e, logp_t = torch.log_softmax(torch.randn(5), -1), torch.log_softmax(torch.randn(5), -1)
+    exact = (logp_e.exp() * (logp_e - logp_t)).sum()
+    p = logp_e.exp()
+    ys = torch.arange(5)
+    per_y = [sampled_token_metrics(logp_e[y : y + 1], logp_t[y : y + 1], torch.zeros(1, dtype=torch.long)) for y in ys]
+    assert_close((p * torch.tensor([m["k3"] for m in per_y])).sum(), exact, atol=1e-6, what="E[k3]")
+    assert_close((p * torch.tensor([m["k1"] for m in per_y])).sum(), exact, atol=1e-6, what="E[k1]")
+
+
+def test_bootstrap_ci_brackets_the_mean():
+    kl = torch.rand(200)
+    seq = torch.arange(200) // 10
+    lo, hi = bootstrap_ci(kl, seq)
+    assert lo < kl.mean().item() < hi and hi - lo < 0.2
