@@ -16,7 +16,7 @@ Our cache attends to the *quantized* keys and values in prefill as well as in de
 through FP8, so the prompt and the response see the same precision. (Engines differ here; transformers'
 Fp8QuantizedLayer attends to the unquantized states in prefill.)
 
-    python quant.py kv-capacity --memory-gb 16
+    python quant.py kv-capacity --memory-gb 80    # KV tokens that fit: bf16 vs fp8 weights and KV cache
 """
 
 import argparse
@@ -124,11 +124,65 @@ def calibrate_kv_scales(model, tokenizer, prompts: list[str], cfg) -> KVScales:
 def kv_bytes_per_token(config, kv_cache: str, dtype_bytes: int = 2) -> float:
     """Bytes one token occupies in the KV cache, all layers: 2 (K and V) × L × H_kv × D × element size.
 
-    For fp8 the per-head scales are amortised over `tokens` (they are stored once per layer and head).
+    The fp8 cache's per-head scales (2 × L × H_kv fp32 numbers) are stored once, not per token.
     """
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     elems = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
     return elems * (1 if kv_cache == "fp8" else dtype_bytes)
+
+
+@dataclass
+class ModelShape:
+    """Just the numbers KV arithmetic needs (written in, so larger models need no download)."""
+
+    name: str
+    params: float  # total parameters
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    hidden_size: int
+    head_dim: int
+
+
+# Published configs of well-known models.
+KNOWN_SHAPES = [
+    ModelShape("Llama-3.1-8B", 8.03e9, 32, 32, 8, 4096, 128),
+    ModelShape("Qwen2.5-32B", 32.8e9, 64, 40, 8, 5120, 128),
+    ModelShape("Llama-3.1-70B", 70.6e9, 80, 64, 8, 8192, 128),
+]
+
+
+def kv_capacity(shape, memory_bytes: float) -> dict:
+    """KV tokens that fit in `memory_bytes` after the weights, for bf16/fp8 weights × bf16/fp8 KV.
+
+    tokens = (memory − params × weight bytes − scale bytes) / (KV bytes per token); fp8 KV stores
+    2 × L × H_kv fp32 scales once. Weight-side FP8 scales (one per output row) are ignored: < 0.1%.
+    """
+    scale_bytes = 2 * shape.num_hidden_layers * shape.num_key_value_heads * 4
+    out = {}
+    for weights, w_bytes in (("bf16", 2), ("fp8", 1)):
+        for kv in ("bf16", "fp8"):
+            free = memory_bytes - shape.params * w_bytes - (scale_bytes if kv == "fp8" else 0)
+            out[(weights, kv)] = max(0, int(free // kv_bytes_per_token(shape, kv)))
+    return out
+
+
+def print_kv_capacity(memory_gb: float, shapes) -> None:
+    memory = memory_gb * 2**30
+    print(f"KV tokens that fit in {memory_gb:g} GiB after the weights (weights / KV cache):")
+    print(f"{'model':<26}{'KV B/token bf16':>16}{'bf16/bf16':>12}{'bf16/fp8':>12}{'fp8/bf16':>12}{'fp8/fp8':>12}{'fp8 KV ÷ bf16 KV':>18}")
+    for s in shapes:
+        c = kv_capacity(s, memory)
+        bf16_bf16 = c[("bf16", "bf16")] or c[("fp8", "bf16")]  # compare at bf16 weights when they fit, else at fp8
+        ratio = f"{(c[('bf16', 'fp8')] or c[('fp8', 'fp8')]) / bf16_bf16:.3f}x" if bf16_bf16 else "does not fit"
+        print(f"{s.name:<26}{kv_bytes_per_token(s, 'bf16'):>16,.0f}{c[('bf16', 'bf16')]:>12,}{c[('bf16', 'fp8')]:>12,}"
+              f"{c[('fp8', 'bf16')]:>12,}{c[('fp8', 'fp8')]:>12,}{ratio:>18}")  # fmt: skip
+
+
+def shape_of(name: str, model) -> ModelShape:
+    c = model.config
+    return ModelShape(name, sum(p.numel() for p in model.parameters()), c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                      c.hidden_size, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -170,9 +224,117 @@ def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
     return model
 
 
+# ---------------------------------------------------------------------------------------------------
+# Per-layer FP8 sensitivity and a greedy skip recipe
+
+
+def block_skip(n_layers: int, quantized: set[int]) -> tuple:
+    """fp8_skip patterns that leave exactly the decoder blocks in `quantized` to FP8 (lm_head always kept)."""
+    return ("lm_head", *(f"model.layers.{i}.*" for i in range(n_layers) if i not in quantized))
+
+
+def block_params(model, i: int) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if name.startswith(f"model.layers.{i}.") and p.dim() == 2)
+
+
+def sensitivity(pair, mode: str, n_probes: int, target: float | None = None, max_new_tokens: int = 48, progress: bool = True) -> dict:
+    """Mismatch with one decoder block in FP8 at a time, and a greedy recipe meeting `target`.
+
+    Greedy recipe: quantize every block, then keep the most sensitive blocks in high precision, one at a
+    time in ranking order, until the measured mismatch falls under `target` (default: half of all-FP8).
+    """
+    from tqdm import tqdm
+
+    from mismatch import measure
+    from models import format_prompt
+    from rollout import RolloutConfig, RolloutEngine
+
+    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
+    n = pair.student.config.num_hidden_layers
+
+    def mismatch(quantized: set[int]) -> float:
+        cfg = RolloutConfig(weights=mode, fp8_skip=block_skip(n, quantized), max_new_tokens=max_new_tokens)
+        engine = RolloutEngine(pair.student, pair.tokenizer, cfg)
+        engine.sync(pair.student, 0)
+        return measure(engine, pair.student, pair.tokenizer, probes)["mismatch_kl"]
+
+    per_block = [mismatch({i}) for i in tqdm(range(n), desc=f"{mode} one block at a time", disable=not progress)]
+    ranking = sorted(range(n), key=lambda i: -per_block[i])
+    all_fp8 = mismatch(set(range(n)))
+    target = all_fp8 / 2 if target is None else target
+    kept, current, steps = [], all_fp8, [(0, all_fp8)]
+    for i in ranking:
+        if current <= target:
+            break
+        kept.append(i)
+        current = mismatch(set(range(n)) - set(kept))
+        steps.append((len(kept), current))
+    linear = sum(block_params(pair.student, i) for i in range(n))
+    return {"mode": mode, "per_block": per_block, "ranking": ranking, "all_fp8": all_fp8, "target": target, "kept_high_precision": kept,
+            "recipe_mismatch": current, "greedy_path": steps,
+            "kept_fraction_of_block_weights": sum(block_params(pair.student, i) for i in kept) / linear}  # fmt: skip
+
+
+def plot_sensitivity(result: dict, path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(5, 0.3 * len(result["per_block"])), 3.5))
+    ax.bar(range(len(result["per_block"])), result["per_block"], color=["C3" if i in result["kept_high_precision"] else "C0" for i in range(len(result["per_block"]))])
+    ax.set(xlabel="decoder block quantized alone (red: kept high precision by the recipe)", ylabel="KL(engine ‖ train), nats/token", title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
+    import json
+    import sys
+
+    from models import load_pair
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args(argv)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    cap = sub.add_parser("kv-capacity", help="KV tokens that fit in a memory budget: bf16 vs fp8 weights and KV cache")
+    cap.add_argument("--memory-gb", type=float, default=80.0, help="memory budget in GiB (default 80, one H100)")
+    cap.add_argument("--pairs", default="tiny,smollm2", help="embedded pairs to include (comma-separated; '' = none)")
+    sens = sub.add_parser("sensitivity", help="mismatch with one decoder block in FP8 at a time; ranking, bar plot, greedy recipe")
+    sens.add_argument("--pair", default="tiny", help="tiny | smollm2")
+    sens.add_argument("--weights", default="fp8", help="fp8 | fp8-emu | fp8-dyn (CUDA)")
+    sens.add_argument("--probes", type=int, default=16, help="held-out probe prompts (default 16)")
+    sens.add_argument("--max-new-tokens", type=int, default=32, help="response length of the probes (default 32)")
+    sens.add_argument("--target", type=float, help="recipe target mismatch, nats/token (default: half the all-FP8 mismatch)")
+    sens.add_argument("--out", default="results", help="folder for the plot and JSON (default results)")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "sensitivity":
+            if args.weights not in ("fp8", "fp8-emu", "fp8-dyn"):
+                raise BadInput(f"--weights {args.weights!r}: choose fp8, fp8-emu or fp8-dyn")
+            from pathlib import Path
+
+            pair = load_pair(args.pair)
+            result = sensitivity(pair, args.weights, args.probes, args.target, args.max_new_tokens)
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            plot_sensitivity(result, out / f"sensitivity_{args.pair}_{args.weights}.png", f"{args.pair}: FP8 ({args.weights}) one block at a time, cpu")
+            (out / f"sensitivity_{args.pair}_{args.weights}.json").write_text(json.dumps(result, indent=2) + "\n")
+            print(f"{args.pair} {args.weights}: all blocks FP8 -> {result['all_fp8']:.3e} nats/token")
+            print("ranking (block: mismatch alone): " + ", ".join(f"{i}: {result['per_block'][i]:.2e}" for i in result["ranking"]))
+            print(f"greedy recipe: keep blocks {result['kept_high_precision']} in high precision -> {result['recipe_mismatch']:.3e} "
+                  f"(target {result['target']:.3e}); {result['kept_fraction_of_block_weights']:.0%} of block weights kept")  # fmt: skip
+            return
+        if args.memory_gb <= 0:
+            raise BadInput(f"--memory-gb {args.memory_gb}: must be positive")
+        shapes = []
+        for name in filter(None, args.pairs.split(",")):
+            pair = load_pair(name)
+            shapes += [shape_of(f"{name} teacher", pair.teacher), shape_of(f"{name} student", pair.student)]
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print_kv_capacity(args.memory_gb, shapes + KNOWN_SHAPES)
 
 
 if __name__ == "__main__":

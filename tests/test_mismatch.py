@@ -84,3 +84,48 @@ def test_bootstrap_ci_brackets_the_mean():
     seq = torch.arange(200) // 10
     lo, hi = bootstrap_ci(kl, seq)
     assert lo < kl.mean().item() < hi and hi - lo < 0.2
+
+
+def run_cli(script, *args, cwd=None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, str(root / script), *args], cwd=cwd or root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+
+
+def test_mismatch_cli_json_has_each_source_and_combined():
+    import json
+
+    result = run_cli("mismatch.py", "--pair", "tiny", "--probes", "16", "--weights", "fp8", "--noise", "0.01", "--staleness", "1", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(result.stdout)["rows"]
+    assert [r["source"] for r in rows] == ["weights fp8", "staleness 1", "noise 0.01", "combined"]
+    for r in rows:
+        assert r["mismatch_kl"] > 0 and r["ci_low"] <= r["mismatch_kl"] <= r["ci_high"] and r["seconds"] > 0
+
+
+def test_mismatch_cli_bad_input():
+    result = run_cli("mismatch.py", "--pair", "tiny", "--kv-cache", "fp4")
+    assert result.returncode == 2 and "kv_cache 'fp4'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_kv_capacity_cli_shows_the_fp8_ratio():
+    result = run_cli("quant.py", "kv-capacity", "--memory-gb", "80", "--pairs", "tiny")
+    assert result.returncode == 0, result.stderr[-2000:]
+    llama8b = next(line for line in result.stdout.splitlines() if line.startswith("Llama-3.1-8B"))
+    ratio = float(llama8b.split()[-1].rstrip("x"))
+    assert 1.93 <= ratio <= 2.0
+
+
+def test_sensitivity_cli_writes_ranking_and_plot(tmp_path):
+    import json
+
+    result = run_cli("quant.py", "sensitivity", "--pair", "tiny", "--probes", "16", "--max-new-tokens", "6", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads((tmp_path / "sensitivity_tiny_fp8.json").read_text())
+    assert sorted(data["ranking"]) == [0, 1] and data["recipe_mismatch"] <= data["all_fp8"]
+    assert (tmp_path / "sensitivity_tiny_fp8.png").stat().st_size > 0
