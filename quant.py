@@ -213,8 +213,9 @@ def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
     configs = {
         "fp8": lambda: Float8WeightOnlyConfig(granularity=PerRow()),
         "fp8-dyn": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-        "fp8-emu": lambda: QATConfig(activation_config=Float8FakeQuantizeConfig(granularity=PerRow()),
-                                     weight_config=Float8FakeQuantizeConfig(granularity=PerRow()), step="prepare"),  # fmt: skip
+        # hp_value_lb: an all-zero row (a padding position) would otherwise get scale 0 and turn into NaN.
+        "fp8-emu": lambda: QATConfig(activation_config=Float8FakeQuantizeConfig(granularity=PerRow(), hp_value_lb=EPS),
+                                     weight_config=Float8FakeQuantizeConfig(granularity=PerRow(), hp_value_lb=EPS), step="prepare"),  # fmt: skip
     }
 
     def keep_in_fp8(module, name: str) -> bool:

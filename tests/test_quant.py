@@ -101,3 +101,10 @@ def test_fp8_weights_run_on_cpu_and_stay_close(tiny_pair, mode):
     # e4m3 rounds each weight (and, for fp8-emu, each activation) by up to 6%: a small, nonzero change.
     assert 0 < (out - ref).abs().max() < 0.25 * ref.abs().max(), (out - ref).abs().max()
     assert type(model.lm_head) is torch.nn.Linear and not type(model.lm_head.weight).__name__.startswith("Float8"), "lm_head is skipped"
+
+
+def test_fp8_emu_engine_samples_a_left_padded_batch(tiny_pair):
+    # Regression: an all-zero activation row (a padding position) once got scale 0 and NaN logits.
+    prompts = [format_prompt(tiny_pair.tokenizer, t) for t in ("12+34=", "123+456=", "7+8=")]
+    _, rollout = engine_logprobs(tiny_pair, RolloutConfig(weights="fp8-emu", max_new_tokens=6), prompts)
+    assert torch.isfinite(rollout.logprobs).all() and rollout.response_mask.sum() > 0
