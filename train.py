@@ -41,6 +41,7 @@ LOSSES = ("analytic", "sampled")
 PAIR_DEFAULTS = {
     "tiny": dict(steps=200, batch_size=64, samples_per_prompt=4, lr=3e-4, warmup=10, eval_every=50, eval_prompts=256, max_new_tokens=6),
     "smollm2": dict(steps=12, batch_size=4, samples_per_prompt=2, lr=5e-5, warmup=0, eval_every=4, eval_prompts=16, max_new_tokens=48),
+    "gemma3": dict(steps=12, batch_size=4, samples_per_prompt=2, lr=5e-5, warmup=0, eval_every=4, eval_prompts=16, max_new_tokens=48),
     "custom": dict(steps=20, batch_size=4, samples_per_prompt=2, lr=5e-5, warmup=0, eval_every=5, eval_prompts=16, max_new_tokens=48),
 }
 
@@ -52,7 +53,7 @@ class TrainConfig:
     pair: str = "smollm2"  # tiny | smollm2 | custom (= --teacher/--student)
     teacher: str | None = None  # HF id or local path; replaces --pair
     student: str | None = None
-    student_layers: int = 24  # smollm2: decoder layers the student keeps (of 30)
+    student_layers: int | None = None  # smollm2/gemma3: decoder layers the student keeps; None = 24 of 30 / 14 of 18
     prompts: str | None = None  # JSONL file of {"prompt": ...}; replaces the pair's prompts
     steps: int = 20  # optimizer steps
     batch_size: int = 4  # training prompts per step
@@ -354,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", default="smollm2", help=f"embedded pair: {', '.join(PAIRS)} (default smollm2)")
     p.add_argument("--teacher", help="HF id or local path of the teacher (with --student; replaces --pair)")
     p.add_argument("--student", help="HF id or local path of the student; must share the teacher's tokenizer")
-    p.add_argument("--student-layers", type=int, default=24, help="smollm2: decoder layers the student keeps, of 30 (default 24)")
+    p.add_argument("--student-layers", type=int, help="smollm2/gemma3: decoder layers the student keeps (default: 24 of 30 smollm2, 14 of 18 gemma3)")
     p.add_argument("--prompts", help="JSONL file of {\"prompt\": ..., \"answer\": optional}; every 10th line is held out")
     p.add_argument("--steps", type=int, help="optimizer steps (default: 200 tiny, 12 smollm2)")
     p.add_argument("--batch-size", type=int, help="training prompts per step (default: 64 tiny, 4 smollm2)")
