@@ -167,6 +167,36 @@ def kv_capacity(shape, memory_bytes: float) -> dict:
     return out
 
 
+def cache_bytes(cache) -> int:
+    """Real bytes held by a filled cache: stored keys and values, plus the fp8 layers' scales."""
+    total = 0
+    for layer in cache.layers:
+        total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        if isinstance(layer, Fp8KVLayer):
+            total += (layer.key_scale.numel() + layer.value_scale.numel()) * layer.key_scale.element_size()
+    return total
+
+
+@torch.no_grad()
+def measured_kv_bytes(model, tokenizer, prompts: list[str], new_tokens: int = 32) -> dict:
+    """Bytes per cached token of a real rollout, bf16 cache vs our fp8 cache (scales included)."""
+    import copy
+
+    from transformers import DynamicCache
+
+    from rollout import RolloutConfig, generate
+
+    cfg = RolloutConfig(max_new_tokens=new_tokens, ignore_eos=True)
+    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+    caches = {"bf16": DynamicCache(config=model.config), "fp8": fp8_kv_cache(KVScales.unit(model.config))}
+    out = {}
+    for kind, cache in caches.items():
+        generate(bf16_model if kind == "bf16" else model, tokenizer, prompts, cfg, cache=cache)
+        tokens = cache.layers[0].keys.shape[0] * cache.layers[0].keys.shape[2]  # batch × cached positions
+        out[kind] = cache_bytes(cache) / tokens
+    return out
+
+
 def print_kv_capacity(memory_gb: float, shapes) -> None:
     memory = memory_gb * 2**30
     print(f"KV tokens that fit in {memory_gb:g} GiB after the weights (weights / KV cache):")
@@ -328,13 +358,19 @@ def main(argv=None) -> None:
             return
         if args.memory_gb <= 0:
             raise BadInput(f"--memory-gb {args.memory_gb}: must be positive")
-        shapes = []
+        from models import format_prompt
+
+        shapes, measured = [], []
         for name in filter(None, args.pairs.split(",")):
             pair = load_pair(name)
             shapes += [shape_of(f"{name} teacher", pair.teacher), shape_of(f"{name} student", pair.student)]
+            prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:4]]
+            measured.append((f"{name} student", measured_kv_bytes(pair.student, pair.tokenizer, prompts)))
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    for name, m in measured:
+        print(f"measured KV memory, {name}: bf16 {m['bf16']:,.1f} B/token, fp8 {m['fp8']:,.1f} B/token with scales ({m['fp8'] / m['bf16']:.3f}x)")
     print_kv_capacity(args.memory_gb, shapes + KNOWN_SHAPES)
 
 
