@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
 from rollout import RolloutConfig, RolloutEngine
-from train import PAIR_DEFAULTS, TrainConfig, head, make_engine, response_hidden, rollout_config_from_args, train_step
+from train import PAIR_DEFAULTS, TrainConfig, add_rollout_args, head, make_engine, resolve_device, response_hidden, rollout_config_from_args, train_step
 
 
 def exact_token_kl(engine: RolloutEngine, train, rollout, chunk: int = 256) -> torch.Tensor:
@@ -194,26 +194,19 @@ def print_table(results: list[dict], pair: str) -> None:
 
 
 def main(argv=None) -> None:
-    from train import build_parser
-
     parser = argparse.ArgumentParser(description="Measure each mismatch source of a rollout configuration on the one scale.", add_help=True)
     parser.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)} (default tiny)")
     parser.add_argument("--probes", type=int, help="held-out probe prompts (default: 64 tiny, 16 smollm2)")
     parser.add_argument("--json", action="store_true", help="print JSON (one object per row; mismatch_kl is the canonical number)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    # The rollout flags are train.py's, so a configuration reads the same everywhere.
-    engine_group = next(g for g in build_parser()._action_groups if g.title == "rollout engine")
-    for action in engine_group._group_actions:
-        if action.dest not in ("temperature", "top_p"):
-            parser._add_action(action)
+    # train.py's rollout flags, so a configuration reads the same everywhere; no temperature or top-p:
+    # mismatch is measured between the policies themselves.
+    add_rollout_args(parser.add_argument_group("rollout engine"), sampling=False)
     parser.add_argument("--seed", type=int, default=0, help="sampling and noise seed")
     args = parser.parse_args(argv)
-    args.temperature, args.top_p = 1.0, 1.0  # mismatch is measured between the policies themselves
     try:
         if args.pair not in PAIR_DEFAULTS or args.pair == "custom":
             raise BadInput(f"--pair {args.pair!r}: choose one of {', '.join(PAIRS)}")
-        from train import resolve_device
-
         device = resolve_device(args.device)
         cfg = rollout_config_from_args(args, max_new_tokens=args.max_new_tokens or PAIR_DEFAULTS[args.pair]["max_new_tokens"])
         pair = load_pair(args.pair, device=device)

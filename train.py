@@ -350,6 +350,20 @@ def summary(records: list[dict]) -> str:
 # Command line
 
 
+def add_rollout_args(g, sampling: bool = True) -> None:
+    """The rollout engine flags, shared by train.py and mismatch.py (sampling=False: policies at temperature 1)."""
+    if sampling:
+        g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1: sample the policy itself)")
+        g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = no truncation (default 1)")
+    g.add_argument("--max-new-tokens", type=int, help="response length limit (default: 6 tiny, 48 smollm2)")
+    g.add_argument("--weights", default="fp32", help="engine weight precision: fp32 | bf16 | fp8 (weight-only) | fp8-dyn (W8A8, CUDA sm>=8.9) | fp8-emu (W8A8 emulated)")
+    g.add_argument("--fp8-skip", default="lm_head", help="comma-separated module-name patterns kept in high precision under fp8 weights (default lm_head; '' = quantize every Linear)")
+    g.add_argument("--kv-cache", default="model", help="KV cache: model (engine dtype) | fp8 (e4m3, per-head scales)")
+    g.add_argument("--kv-scales", default="calibrated", help="fp8 KV scales: calibrated (amax/448 on probe prompts) | unit (1.0)")
+    g.add_argument("--staleness", type=int, default=0, help="optimizer steps the engine lags behind the trainer; 0 = synchronous")
+    g.add_argument("--noise", type=float, default=0.0, help="relative std of Gaussian noise on the engine's weights; 0 = none")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="On-policy distillation: the student lowers reverse KL to the teacher on its own samples.")
     p.add_argument("--pair", default="smollm2", help=f"embedded pair: {', '.join(PAIRS)} (default smollm2)")
@@ -374,23 +388,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="", help="run folder under runs/ (default: <pair>-<timestamp>)")
     p.add_argument("--out-dir", default="runs", help="parent folder of run folders (default runs)")
     p.add_argument("--resume", action="store_true", help="continue runs/<name> from its last checkpoint (its saved config is used; --steps may extend it)")
-    g = p.add_argument_group("rollout engine")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1: sample the policy itself)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = no truncation (default 1)")
-    g.add_argument("--max-new-tokens", type=int, help="response length limit (default: 6 tiny, 48 smollm2)")
-    g.add_argument("--weights", default="fp32", help="engine weight precision: fp32 | bf16 | fp8 (weight-only) | fp8-dyn (W8A8, CUDA sm>=8.9) | fp8-emu (W8A8 emulated)")
-    g.add_argument("--fp8-skip", default="lm_head", help="comma-separated module-name patterns kept in high precision under fp8 weights (default lm_head; '' = quantize every Linear)")
-    g.add_argument("--kv-cache", default="model", help="KV cache: model (engine dtype) | fp8 (e4m3, per-head scales)")
-    g.add_argument("--kv-scales", default="calibrated", help="fp8 KV scales: calibrated (amax/448 on probe prompts) | unit (1.0)")
-    g.add_argument("--staleness", type=int, default=0, help="optimizer steps the engine lags behind the trainer; 0 = synchronous")
-    g.add_argument("--noise", type=float, default=0.0, help="relative std of Gaussian noise on the engine's weights; 0 = none")
+    add_rollout_args(p.add_argument_group("rollout engine"))
     return p
 
 
 def rollout_config_from_args(args, max_new_tokens: int) -> RolloutConfig:
-    """The rollout engine flags, shared by train.py, mismatch.py and admit.py."""
+    """A RolloutConfig from the add_rollout_args flags (temperature 1 and top-p 1 where they are absent)."""
     skip = tuple(p for p in args.fp8_skip.split(",") if p)
-    return RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=max_new_tokens, seed=args.seed, weights=args.weights,
+    return RolloutConfig(temperature=getattr(args, "temperature", 1.0), top_p=getattr(args, "top_p", 1.0), max_new_tokens=max_new_tokens, seed=args.seed, weights=args.weights,
                          fp8_skip=skip, kv_cache=args.kv_cache, kv_scales=args.kv_scales, staleness=args.staleness, noise=args.noise)  # fmt: skip
 
 
