@@ -129,3 +129,19 @@ def test_sensitivity_cli_writes_ranking_and_plot(tmp_path):
     data = json.loads((tmp_path / "sensitivity_tiny_fp8.json").read_text())
     assert sorted(data["ranking"]) == [0, 1] and data["recipe_mismatch"] <= data["all_fp8"]
     assert (tmp_path / "sensitivity_tiny_fp8.png").stat().st_size > 0
+
+
+def test_exact_token_kl_equals_direct_full_forward(tiny_pair):
+    from mismatch import exact_token_kl
+    from rollout import positions
+
+    engine = RolloutEngine(tiny_pair.student, tiny_pair.tokenizer, RolloutConfig(max_new_tokens=6, noise=0.05))
+    engine.sync(tiny_pair.student, 0)
+    rollout = engine.generate(probes(tiny_pair, 16), generator=torch.Generator().manual_seed(0))
+    kw = dict(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask))
+    with torch.no_grad():
+        logp_e = torch.log_softmax(engine.model(**kw).logits[:, :-1], -1)
+        logp_t = torch.log_softmax(tiny_pair.student(**kw).logits[:, :-1], -1)
+    direct = (logp_e.exp() * (logp_e - logp_t)).sum(-1)[rollout.response_mask[:, 1:].bool()]
+    for chunk in (5, 1000):
+        assert_close(exact_token_kl(engine, tiny_pair.student, rollout, chunk=chunk), direct, atol=1e-6, what=f"chunk {chunk}")
