@@ -1,0 +1,288 @@
+"""Admission: how much mismatch OPD tolerates for a pair (the budget), and a seconds-long check against it.
+
+calibrate  Short OPD runs of the same length and seeds under increasing mismatch: a baseline, a noise-σ grid
+           (the continuous knob) and real configurations (fp8 weights, fp8 KV, staleness). Each run gives a
+           point (measured mismatch = mean of its per-step `mismatch_kl`, final held-out reverse KL). The
+           quality loss of a point is its final eval reverse KL minus the baseline's (mean over seeds).
+           The tolerance is a fraction (default 5%) of the baseline's improvement over step 0.
+           The budget is read off a monotone (isotonic, non-decreasing) fit of quality loss against
+           mismatch over all points and seeds, never off a single noisy point:
+               budget = the mismatch where the fitted loss first crosses the tolerance
+                        (linear interpolation between the fitted points around the crossing).
+           Writes budget.json and budget.png. Finished runs are reused, so an interrupted calibration resumes.
+check      Measures a candidate configuration's canonical mismatch on held-out probe prompts, with a
+           bootstrap confidence interval [lo, hi], and compares it with the budget B:
+               admit      if hi < B
+               reject     if lo > B
+               uncertain  otherwise, with the number of extra probes likely to settle it.
+
+    python admit.py calibrate --pair tiny --out budgets/tiny
+    python admit.py check --budget budgets/tiny/budget.json --pair tiny --weights fp8 --kv-cache fp8
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from models import PAIRS, BadInput, format_prompt, load_pair
+from train import PAIR_DEFAULTS, TrainConfig, add_rollout_args, read_metrics, resolve_device, rollout_config_from_args, run
+
+SCHEMA_VERSION = 1
+SCALE = "mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on engine samples"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The budget fit (pure)
+
+
+def isotonic(y: list[float], w: list[float] | None = None) -> list[float]:
+    """Pool-adjacent-violators: the non-decreasing sequence closest to y in weighted least squares."""
+    w = w or [1.0] * len(y)
+    blocks = []  # [value, weight, count]
+    for yi, wi in zip(y, w):
+        blocks.append([yi, wi, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [v for v, _, c in blocks for _ in range(c)]
+
+
+def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> dict:
+    """The largest mismatch whose fitted (monotone) quality loss stays within `tolerance`.
+
+    Returns the budget, the sorted points with their fit, and how the budget was found: "crossing"
+    (interpolated where the fit crosses the tolerance), "all-within" (no point exceeds it: the budget is
+    at least the largest mismatch tried) or "none-within" (even the smallest mismatch exceeds it).
+    """
+    order = sorted(range(len(mismatch)), key=lambda i: mismatch[i])
+    xs, ys = [mismatch[i] for i in order], [loss[i] for i in order]
+    fit = isotonic(ys)
+    if fit[0] > tolerance:
+        return {"budget": 0.0, "how": "none-within", "x": xs, "fit": fit}
+    if fit[-1] <= tolerance:
+        return {"budget": xs[-1], "how": "all-within", "x": xs, "fit": fit}
+    j = next(i for i, f in enumerate(fit) if f > tolerance)
+    x0, x1, f0, f1 = xs[j - 1], xs[j], fit[j - 1], fit[j]
+    budget = x0 + (tolerance - f0) / (f1 - f0) * (x1 - x0) if f1 > f0 else x0
+    return {"budget": budget, "how": "crossing", "x": xs, "fit": fit}
+
+
+def verdict(lo: float, hi: float, mean: float, budget: float, n_probes: int) -> dict:
+    """admit if hi < budget, reject if lo > budget, else uncertain with an estimate of the probes needed.
+
+    The interval's half-width shrinks like 1/sqrt(n); it must shrink below |mean − budget| to decide:
+        n_needed ≈ n · (half-width / |mean − budget|)², extra = n_needed − n.
+    """
+    if hi < budget:
+        return {"verdict": "admit", "reason": f"upper bound {hi:.3e} < budget {budget:.3e}"}
+    if lo > budget:
+        return {"verdict": "reject", "reason": f"lower bound {lo:.3e} > budget {budget:.3e}"}
+    half, gap = (hi - lo) / 2, abs(mean - budget)
+    extra = math.ceil(n_probes * (half / gap) ** 2) - n_probes if gap > 0 else None
+    reason = f"interval [{lo:.3e}, {hi:.3e}] contains budget {budget:.3e}"
+    return {"verdict": "uncertain", "reason": reason, "extra_probes": extra}
+
+
+# ---------------------------------------------------------------------------------------------------
+# calibrate
+
+
+def calibration_configs(noise_grid: list[float], real: list[str]) -> list[tuple[str, dict]]:
+    """(source label, rollout overrides): the baseline, the noise grid and the real configurations."""
+    configs = [("baseline", {})] + [(f"noise {s:g}", {"noise": s}) for s in noise_grid if s > 0]
+    named = {"fp8": {"weights": "fp8"}, "fp8-emu": {"weights": "fp8-emu"}, "kv-fp8": {"kv_cache": "fp8"},
+             "kv-fp8-unit": {"kv_cache": "fp8", "kv_scales": "unit"}}  # fmt: skip
+    for r in real:
+        if r.startswith("staleness-") and r[len("staleness-") :].isdigit():
+            configs.append((r.replace("-", " "), {"staleness": int(r[len("staleness-") :])}))
+        elif r in named:
+            configs.append((r, named[r]))
+        else:
+            raise BadInput(f"--real {r!r}: choose from {', '.join(named)}, staleness-K")
+    return configs
+
+
+def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str) -> dict:
+    d = PAIR_DEFAULTS[pair]
+    plan = [(label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)]
+    points = []
+    for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
+        name = f"{label.replace(' ', '_')}-seed{seed}"
+        cfg = TrainConfig(pair=pair, **{k: v for k, v in d.items() if k != "max_new_tokens"}, device=device, seed=seed, name=name, out_dir=str(out / "runs"))
+        cfg.steps, cfg.eval_every = steps, 0
+        cfg.rollout = replace(cfg.rollout, max_new_tokens=d["max_new_tokens"], seed=seed, **over)
+        metrics_path = out / "runs" / name / "metrics.jsonl"
+        records = read_metrics(metrics_path, upto=steps)
+        if not records or records[-1]["step"] != steps:  # not finished: (re)start or resume it
+            records = run(cfg, resume=metrics_path.exists(), quiet=True)
+        train = [r for r in records if "mismatch_kl" in r]
+        evals = [r for r in records if "eval_rkl" in r]
+        points.append({"source": label, "seed": seed, **over, "mismatch": sum(r["mismatch_kl"] for r in train) / len(train),
+                       "eval_rkl_start": evals[0]["eval_rkl"], "eval_rkl": evals[-1]["eval_rkl"], "eval_acc": evals[-1].get("eval_acc"),
+                       "seconds": sum(r["seconds"] for r in records)})  # fmt: skip
+    base = [p for p in points if p["source"] == "baseline"]
+    base_final = sum(p["eval_rkl"] for p in base) / len(base)
+    improvement = base[0]["eval_rkl_start"] - base_final
+    tol = tolerance * improvement
+    for p in points:
+        p["quality_loss"] = p["eval_rkl"] - base_final
+    fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
+    budget = {
+        "schema_version": SCHEMA_VERSION, "pair": pair, "scale": SCALE, "device": device,
+        "tolerance": {"fraction": tolerance, "nats": tol, "of": "baseline improvement in held-out reverse KL over step 0"},
+        "baseline": {"eval_rkl_start": base[0]["eval_rkl_start"], "eval_rkl_final": base_final, "improvement": improvement},
+        "budget": fit["budget"], "how": fit["how"], "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
+        "budget where the fit crosses the tolerance", "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
+        "steps": steps, "seeds": seeds, "seconds_per_run": sum(p["seconds"] for p in points) / len(points), "points": points,
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "budget.json.tmp"
+    tmp.write_text(json.dumps(budget, indent=2) + "\n")
+    tmp.replace(out / "budget.json")
+    plot_budget(budget, out / "budget.png")
+    return budget
+
+
+def plot_budget(budget: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, source in enumerate(dict.fromkeys(p["source"] for p in budget["points"])):
+        pts = [p for p in budget["points"] if p["source"] == source]
+        ax.scatter([max(p["mismatch"], 1e-9) for p in pts], [p["quality_loss"] for p in pts], label=source, marker="os^vD<>p"[i % 8])
+    ax.plot([max(x, 1e-9) for x in budget["fit"]["mismatch"]], budget["fit"]["quality_loss"], "k-", lw=1, alpha=0.6, label="monotone fit")
+    ax.axhline(budget["tolerance"]["nats"], color="C3", ls=":", label=f"tolerance ({budget['tolerance']['fraction']:.0%} of improvement)")
+    if budget["budget"] > 0:
+        ax.axvline(budget["budget"], color="C3", ls="--", label=f"budget {budget['budget']:.2e}")
+    ax.set(xscale="log", xlabel="measured mismatch, KL(engine ‖ train) nats/token", ylabel="final held-out reverse KL − baseline",
+           title=f"{budget['pair']}: quality vs mismatch ({budget['steps']} steps, {budget['device']})")  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------
+# check
+
+
+def read_budget(path: Path, pair: str) -> dict:
+    if not path.is_file():
+        raise BadInput(f"--budget {path}: no such file (make one with `python admit.py calibrate`)")
+    try:
+        budget = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"--budget {path}: not JSON ({e.msg})") from None
+    if not isinstance(budget, dict) or budget.get("schema_version") != SCHEMA_VERSION:
+        raise BadInput(f"--budget {path}: schema_version {budget.get('schema_version') if isinstance(budget, dict) else None!r}, this admit.py reads {SCHEMA_VERSION}")
+    if budget.get("pair") != pair:
+        raise BadInput(f"--budget {path} was calibrated for pair {budget.get('pair')!r}, not --pair {pair!r}")
+    return budget
+
+
+def what_it_buys(student, cfg) -> dict:
+    """Weight bytes and KV bytes per token of the engine copy, against an fp32-weights, bf16-KV engine."""
+    from quant import kv_bytes_per_token
+
+    n = sum(p.numel() for p in student.parameters())
+    head = student.get_output_embeddings().weight.numel()
+    per_param = {"fp32": 4, "bf16": 2}.get(cfg.weights, 1)
+    weights = (n - head) * per_param + head * 4 if cfg.weights.startswith("fp8") else n * per_param  # lm_head kept
+    return {"weight_bytes": weights, "weight_bytes_fp32": n * 4, "kv_bytes_per_token": kv_bytes_per_token(student.config, cfg.kv_cache),
+            "kv_bytes_per_token_bf16": kv_bytes_per_token(student.config, "bf16")}  # fmt: skip
+
+
+def check(budget: dict, pair, cfg, n_probes: int, device: str) -> dict:
+    from mismatch import measure, opd_trajectory
+    from rollout import RolloutEngine
+
+    t0 = time.time()
+    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
+    calib = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]
+    engine = RolloutEngine(pair.student, pair.tokenizer, cfg, probe_prompts=calib)
+    if cfg.staleness:  # real OPD steps make the old weights the engine serves
+        for version, weights in enumerate(opd_trajectory(pair, cfg.staleness, device)):
+            pair.student.load_state_dict(weights)
+            engine.sync(pair.student, version)
+    else:
+        engine.sync(pair.student, 0)
+    m = measure(engine, pair.student, pair.tokenizer, probes, seed=cfg.seed)
+    seconds = time.time() - t0
+    return {**verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], len(probes)), "mismatch_kl": m["mismatch_kl"],
+            "ci_low": m["ci_low"], "ci_high": m["ci_high"], "budget": budget["budget"], "probes": len(probes), "seconds": seconds,
+            "seconds_vs_calibration_run": seconds / budget["seconds_per_run"], **what_it_buys(pair.student, cfg)}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise BadInput(f"--noise-grid {text!r}: expected comma-separated numbers such as 0.003,0.01,0.03") from None
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    cal = sub.add_parser("calibrate", help="short OPD runs under increasing mismatch -> budget.json and budget.png")
+    cal.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)}")
+    cal.add_argument("--out", help="output folder (default budgets/<pair>)")
+    cal.add_argument("--noise-grid", default="0.003,0.01,0.03,0.1", help="comma-separated noise levels σ (default 0.003,0.01,0.03,0.1)")
+    cal.add_argument("--real", default="fp8,kv-fp8,staleness-2", help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K ('' = none)")
+    cal.add_argument("--steps", type=int, default=60, help="OPD steps per run (default 60)")
+    cal.add_argument("--seeds", type=int, default=2, help="seeds per configuration (default 2)")
+    cal.add_argument("--tolerance", type=float, default=0.05, help="allowed quality loss, as a fraction of the baseline's improvement (default 0.05)")
+    cal.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    chk = sub.add_parser("check", help="measure a candidate rollout configuration and judge it against a budget")
+    chk.add_argument("--budget", required=True, help="budget.json from calibrate")
+    chk.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)}")
+    chk.add_argument("--probes", type=int, default=64, help="held-out probe prompts (default 64)")
+    chk.add_argument("--json", action="store_true", help="print the result as JSON")
+    chk.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    chk.add_argument("--seed", type=int, default=0, help="sampling and noise seed")
+    add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
+    args = parser.parse_args(argv)
+    try:
+        if args.pair not in PAIRS:
+            raise BadInput(f"--pair {args.pair!r}: choose one of {', '.join(PAIRS)}")
+        device = resolve_device(args.device)
+        if args.cmd == "calibrate":
+            if args.steps < 1 or args.seeds < 1 or not 0 < args.tolerance < 1:
+                raise BadInput(f"--steps {args.steps} / --seeds {args.seeds} / --tolerance {args.tolerance}: need steps >= 1, seeds >= 1, 0 < tolerance < 1")
+            out = Path(args.out or f"budgets/{args.pair}")
+            budget = calibrate(args.pair, out, floats(args.noise_grid), [r for r in args.real.split(",") if r], args.steps, args.seeds, args.tolerance, device)
+            print(f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance {budget['tolerance']['nats']:.3f} nats "
+                  f"of eval reverse KL; wrote {out}/budget.json and {out}/budget.png")  # fmt: skip
+            return
+        budget = read_budget(Path(args.budget), args.pair)
+        cfg = rollout_config_from_args(args, max_new_tokens=args.max_new_tokens or PAIR_DEFAULTS[args.pair]["max_new_tokens"])
+        result = check(budget, load_pair(args.pair, device=device), cfg, args.probes, device)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{result['verdict'].upper()}: {result['reason']}" + (f"; about {result['extra_probes']} more probes would likely settle it" if result.get("extra_probes") else ""))
+    print(f"mismatch {result['mismatch_kl']:.3e} nats/token, 95% CI [{result['ci_low']:.3e}, {result['ci_high']:.3e}] on {result['probes']} probes")
+    print(f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB (fp32: {result['weight_bytes_fp32'] / 2**20:.1f}), "
+          f"KV {result['kv_bytes_per_token']:,.0f} B/token (bf16: {result['kv_bytes_per_token_bf16']:,.0f})")  # fmt: skip
+    print(f"took {result['seconds']:.1f} s = {result['seconds_vs_calibration_run']:.1%} of one calibration run")
+
+
+if __name__ == "__main__":
+    main()

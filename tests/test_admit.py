@@ -1,0 +1,124 @@
+"""The budget fit, the verdict rule, and admit.py's CLIs."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from admit import fit_budget, isotonic, verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_isotonic_is_monotone_and_least_squares():
+    assert isotonic([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]
+    y = [random.Random(0).gauss(0, 1) for _ in range(50)]
+    fit = isotonic(y)
+    assert all(a <= b + 1e-12 for a, b in zip(fit, fit[1:]))
+    assert abs(sum(fit) - sum(y)) < 1e-9  # PAV preserves the mean
+
+
+def knee_points(knee=0.01, slope=50.0, noise=0.0, seed=0):
+    """Quality loss 0 up to the knee, then linear: the fit must find where it crosses the tolerance."""
+    rng = random.Random(seed)
+    xs = [0.0005 * 1.5**i for i in range(16)]
+    return xs, [max(0.0, slope * (x - knee)) + rng.gauss(0, noise) for x in xs]
+
+
+def test_fit_returns_the_known_knee():
+    xs, ys = knee_points()
+    tol = 0.2  # the truth crosses it at 0.014, between two grid points on the linear part
+    fit = fit_budget(xs, ys, tol)
+    assert fit["how"] == "crossing"
+    assert abs(fit["budget"] - (0.01 + tol / 50)) < 1e-9  # interpolation is exact on a linear segment
+    # With a tolerance whose crossing falls next to the kink, the estimate stays between the grid points.
+    small = fit_budget(xs, ys, 0.05)["budget"]
+    assert xs[7] <= small <= xs[8] and abs(small - 0.011) < 0.0015
+
+
+def test_fit_is_robust_to_one_noisy_point():
+    xs, ys = knee_points()
+    ys[3] = 0.2  # one wild run below the knee
+    fit = fit_budget(xs, ys, 0.05)
+    assert fit["budget"] >= xs[2], "the outlier is pooled with its neighbours, not taken as the crossing alone"
+    assert all(a <= b for a, b in zip(fit["fit"], fit["fit"][1:]))
+    clean = fit_budget(*knee_points(), 0.05)["budget"]
+    xs2, ys2 = knee_points()
+    ys2[12] += 0.5  # and one noisy point above the knee does not move it
+    assert fit_budget(xs2, ys2, 0.05)["budget"] == pytest.approx(clean)
+
+
+def test_fit_edge_cases():
+    assert fit_budget([0.1, 0.2], [0.0, 0.01], 0.05)["how"] == "all-within"
+    assert fit_budget([0.1, 0.2], [0.3, 0.4], 0.05) | {} and fit_budget([0.1, 0.2], [0.3, 0.4], 0.05)["budget"] == 0.0
+
+
+def test_check_never_admits_above_the_budget():
+    rng = random.Random(0)
+    for _ in range(5000):
+        lo = rng.uniform(0, 1)
+        hi = lo + rng.uniform(0, 1)
+        mean = rng.uniform(lo, hi)
+        budget = rng.uniform(0, 2)
+        v = verdict(lo, hi, mean, budget, 64)["verdict"]
+        if hi > budget:
+            assert v != "admit"
+        if lo > budget:
+            assert v == "reject"
+        if hi < budget:
+            assert v == "admit"
+
+
+def test_uncertain_estimates_extra_probes():
+    v = verdict(0.8, 1.2, 1.05, 1.0, 64)
+    assert v["verdict"] == "uncertain" and v["extra_probes"] == 64 * 16 - 64  # half-width 0.2 vs gap 0.05
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, str(ROOT / "admit.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cal") / "tiny"
+    result = cli("calibrate", "--pair", "tiny", "--out", str(out), "--noise-grid", "0.01,0.1", "--real", "", "--steps", "2", "--seeds", "1", cwd=out.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+def test_calibrate_writes_a_valid_budget_and_plot(calibrated):
+    budget = json.loads((calibrated / "budget.json").read_text())
+    assert budget["schema_version"] == 1 and budget["pair"] == "tiny" and budget["tolerance"]["fraction"] == 0.05
+    assert [p["source"] for p in budget["points"]] == ["baseline", "noise 0.01", "noise 0.1"]
+    assert budget["points"][0]["mismatch"] == 0 and budget["points"][1]["mismatch"] < budget["points"][2]["mismatch"]
+    assert budget["budget"] >= 0 and budget["how"] in ("crossing", "all-within", "none-within")
+    assert (calibrated / "budget.png").stat().st_size > 0
+
+
+def test_calibrate_resumes_finished_runs(calibrated):
+    before = (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text()
+    result = cli("calibrate", "--pair", "tiny", "--out", str(calibrated), "--noise-grid", "0.01,0.1", "--real", "", "--steps", "2", "--seeds", "1", cwd=calibrated.parent)
+    assert result.returncode == 0
+    assert (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text() == before, "finished runs are reused, not redone"
+
+
+def test_check_gives_a_verdict(calibrated):
+    result = cli("check", "--budget", str(calibrated / "budget.json"), "--pair", "tiny", "--noise", "0.3", "--probes", "16", "--json", cwd=calibrated.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    assert out["verdict"] in ("admit", "reject", "uncertain") and out["ci_low"] <= out["mismatch_kl"] <= out["ci_high"]
+    assert out["seconds_vs_calibration_run"] > 0
+
+
+def test_check_refuses_wrong_pair_and_schema(calibrated, tmp_path):
+    result = cli("check", "--budget", str(calibrated / "budget.json"), "--pair", "smollm2", cwd=tmp_path)
+    assert result.returncode == 2 and "calibrated for pair 'tiny'" in result.stderr
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps({"schema_version": 0, "pair": "tiny"}))
+    result = cli("check", "--budget", str(bad), "--pair", "tiny", cwd=tmp_path)
+    assert result.returncode == 2 and "schema_version 0" in result.stderr and "Traceback" not in result.stderr
