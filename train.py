@@ -63,6 +63,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (policy gradient on the sampled token)
+    tis_cap: float = 0.0  # truncated importance sampling cap C in min(π_train/π_engine, C); 0 = off
     kl_chunk: int = 256  # response tokens per chunk when computing full-vocabulary KL (bounds memory)
     eval_every: int = 5  # evaluate every N steps (and after the last); 0 = only at the start and end
     eval_prompts: int = 16  # held-out prompts per evaluation
@@ -107,8 +108,24 @@ def head(model, h_N_H: torch.Tensor) -> torch.Tensor:
     return cap * torch.tanh(logits_N_V / cap) if cap else logits_N_V
 
 
-def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: int = 256) -> tuple[torch.Tensor, dict]:
+def tis_weights(logp_train_N: torch.Tensor, logp_engine_N: torch.Tensor, cap: float) -> torch.Tensor:
+    """Token-level truncated importance sampling: w_t = min(π_train(y_t) / π_engine(y_t), cap), detached.
+
+    It reweights each sampled token's loss term towards what the trainer's policy would have sampled,
+    correcting the per-token part of the mismatch (not the prefix shift). cap <= 0 means no correction.
+    """
+    if cap <= 0:
+        return torch.ones_like(logp_train_N)
+    return torch.exp(logp_train_N.detach() - logp_engine_N).clamp(max=cap)
+
+
+def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: int = 256, tis_cap: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The OPD loss over all response tokens of `rollout` (token mean), and its statistics.
+
+    tis_cap > 0 (sampled estimator only) multiplies each token's term by tis_weights. The analytic loss
+    needs no such correction: it sums over the whole vocabulary at each prefix, so how the engine drew
+    y_t does not enter the term at t; only the prefixes it visits do (prefix shift). The engine's
+    log-probs come from the rollout and are the sampling distribution's: TIS assumes temperature 1, top-p 1.
 
     The vocabulary-sized logits are formed `chunk` tokens at a time and recomputed in the backward pass
     (activation checkpointing), so peak memory is one chunk's [chunk, V] logits, not [N, V].
@@ -117,9 +134,10 @@ def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: i
     h_s_N_H, y_N = response_hidden(student, rollout)
     with torch.no_grad():
         h_t_N_H, _ = response_hidden(teacher, rollout)
+    logp_engine_N = rollout.logprobs[:, 1:][rollout.response_mask[:, 1:].bool()]  # same order as y_N
     n = len(y_N)
 
-    def chunk_terms(h_s_C_H, h_t_C_H, y_C):
+    def chunk_terms(h_s_C_H, h_t_C_H, y_C, logp_e_C):
         with torch.no_grad():
             teacher_logits_C_V = head(teacher, h_t_C_H)
         kl_C, logp_s_C, logp_t_C = reverse_kl_terms(head(student, h_s_C_H), teacher_logits_C_V, y_C)
@@ -127,16 +145,13 @@ def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: i
             objective = kl_C.sum()
         else:
             advantage_C = -(logp_s_C - logp_t_C).detach()
-            objective = -(advantage_C * logp_s_C).sum()
+            objective = -(tis_weights(logp_s_C, logp_e_C, tis_cap) * advantage_C * logp_s_C).sum()
         return objective, kl_C.detach().sum()
 
     loss, kl_sum = torch.zeros((), device=y_N.device), torch.zeros((), device=y_N.device)
     for i in range(0, n, chunk):
-        sl = slice(i, i + chunk)
-        if torch.is_grad_enabled():
-            objective, kl = checkpoint(chunk_terms, h_s_N_H[sl], h_t_N_H[sl], y_N[sl], use_reentrant=False)
-        else:
-            objective, kl = chunk_terms(h_s_N_H[sl], h_t_N_H[sl], y_N[sl])
+        args = (h_s_N_H[i : i + chunk], h_t_N_H[i : i + chunk], y_N[i : i + chunk], logp_engine_N[i : i + chunk])
+        objective, kl = checkpoint(chunk_terms, *args, use_reentrant=False) if torch.is_grad_enabled() else chunk_terms(*args)
         loss = loss + objective / max(n, 1)
         kl_sum = kl_sum + kl
     return loss, {"rkl": kl_sum.item() / max(n, 1), "tokens": n}
@@ -198,7 +213,7 @@ def train_step(pair, engine: RolloutEngine, cfg: TrainConfig, optimizer, step: i
     rollout = train_rollout(pair, engine, cfg, step, device)
     # The one scale: exact KL(π_engine ‖ π_train) per token on the engine's samples (see mismatch.py).
     mismatch_kl = exact_token_kl(engine, pair.student, rollout, chunk=cfg.kl_chunk).mean().item()
-    loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk)
+    loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk, tis_cap=cfg.tis_cap)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -379,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm; 0 = no clipping (default 1)")
     p.add_argument("--loss", default="analytic", help="analytic: full-vocabulary reverse KL; sampled: policy gradient on the sampled token")
+    p.add_argument("--tis-cap", type=float, default=0.0, help="--loss sampled: token-level truncated importance sampling weight min(π_train/π_engine, C); 0 = off (default)")
     p.add_argument("--kl-chunk", type=int, default=256, help="response tokens per full-vocabulary chunk (default 256)")
     p.add_argument("--eval-every", type=int, help="evaluate every N steps; 0 = only at start and end (default: 50 tiny, 4 smollm2)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation (default: 256 tiny, 16 smollm2)")
@@ -411,13 +427,15 @@ def config_from_args(args) -> TrainConfig:
     cfg = TrainConfig(
         pair=pair, teacher=args.teacher, student=args.student, student_layers=args.student_layers, prompts=args.prompts,
         steps=pick("steps"), batch_size=pick("batch_size"), samples_per_prompt=pick("samples_per_prompt"), lr=pick("lr"), warmup=pick("warmup"),
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip, loss=args.loss, kl_chunk=args.kl_chunk,
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip, loss=args.loss, tis_cap=args.tis_cap, kl_chunk=args.kl_chunk,
         eval_every=pick("eval_every"), eval_prompts=pick("eval_prompts"), ckpt_every=args.ckpt_every, seed=args.seed,
         device=args.device, name=args.name or f"{pair}-{time.strftime('%Y%m%d-%H%M%S')}", out_dir=args.out_dir, rollout=rollout,
     )  # fmt: skip
     for key in ("steps", "batch_size", "samples_per_prompt", "kl_chunk", "eval_prompts", "ckpt_every"):
         if getattr(cfg, key) < 1:
             raise BadInput(f"--{key.replace('_', '-')} {getattr(cfg, key)}: must be >= 1")
+    if cfg.tis_cap < 0 or (cfg.tis_cap > 0 and cfg.loss != "sampled"):
+        raise BadInput(f"--tis-cap {cfg.tis_cap}: must be >= 0, and applies to --loss sampled only (the analytic loss sums over the vocabulary, so the sampled token needs no correction)")
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
         raise BadInput(f"--lr {cfg.lr}: must be a positive number")
     if cfg.eval_every < 0:

@@ -90,3 +90,30 @@ def test_loss_zero_when_student_is_teacher(tiny_pair):
     rollout = batch_rollout(tiny_pair)
     loss, stats = opd_loss(tiny_pair.teacher, tiny_pair.teacher, rollout)
     assert abs(loss.item()) < 1e-6 and abs(stats["rkl"]) < 1e-6
+
+
+def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
+    from rollout import RolloutEngine, positions
+    from train import tis_weights
+
+    assert_close(tis_weights(torch.tensor([0.0, -1.0, -3.0]), torch.tensor([-1.0, -1.0, -1.0]), cap=2.0),
+                 torch.tensor([2.0, 1.0, torch.e**-2]), atol=1e-6, what="min(p_train/p_engine, C)")  # fmt: skip
+    assert torch.equal(tis_weights(torch.zeros(3), torch.ones(3), cap=0), torch.ones(3))
+
+    engine = RolloutEngine(tiny_pair.student, tiny_pair.tokenizer, RolloutConfig(max_new_tokens=6, noise=0.2))
+    engine.sync(tiny_pair.student, 0)
+    prompts = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_problems(8, seed=0, held_out=False)]
+    rollout = engine.generate(prompts, generator=torch.Generator().manual_seed(0))
+    kw = dict(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask))
+    with torch.no_grad():
+        logp_s = torch.log_softmax(tiny_pair.student(**kw).logits[:, :-1], -1)
+        logp_t = torch.log_softmax(tiny_pair.teacher(**kw).logits[:, :-1], -1)
+    mask = rollout.response_mask[:, 1:].bool()
+    pick = lambda logp: logp.gather(-1, rollout.tokens[:, 1:, None]).squeeze(-1)[mask]  # noqa: E731
+    logp_s_y, logp_t_y = pick(logp_s), pick(logp_t)
+    w = (logp_s_y - rollout.logprobs[:, 1:][mask]).exp().clamp(max=1.5)
+    assert (w < 1.5).any() and (w == 1.5).any(), "the noisy engine should give weights on both sides of the cap"
+    with torch.no_grad():
+        loss, _ = opd_loss(tiny_pair.student, tiny_pair.teacher, rollout, estimator="sampled", tis_cap=1.5, chunk=7)
+    surrogate = -(w * -(logp_s_y - logp_t_y) * logp_s_y).mean()
+    assert_close(loss, surrogate, atol=1e-5, what="TIS-weighted sampled-token loss")
