@@ -1,7 +1,8 @@
 """On-policy distillation (OPD): the student samples, the teacher scores, the student lowers reverse KL.
 
 One step:
-    1. the rollout engine samples `samples_per_prompt` responses for `batch_size` training prompts;
+    1. the rollout engine (rollout.RolloutEngine: its own copy of the student, possibly stale, noisy or
+       in FP8) samples `samples_per_prompt` responses for `batch_size` training prompts;
     2. student and teacher score every response token y_t at its prefix x_<t;
     3. the loss is the per-token reverse KL, averaged over all response tokens of the batch:
            KL_t = Σ_v p_s(v | x_<t) (log p_s(v | x_<t) − log p_t(v | x_<t))
@@ -9,13 +10,16 @@ One step:
        or from the sampled token alone, as a policy gradient with a detached advantage
            A_t = −(log p_s(y_t | x_<t) − log p_t(y_t | x_<t)),   loss = −mean_t A_t · log p_s(y_t | x_<t).
        Both treat each token's prefix as fixed (the usual OPD recipe): the gradient does not flow through
-       the effect the student's choices have on later prefixes.
+       the effect the student's choices have on later prefixes. --tis-cap C reweights the sampled-token
+       estimator by min(π_train(y_t)/π_engine(y_t), C) (truncated importance sampling).
+    4. the canonical mismatch KL(π_engine ‖ π_train) of the batch is logged as `mismatch_kl`.
 
 Outputs go to runs/<name>/: config.json, metrics.jsonl (a line per step, flushed), checkpoint.pt
 (atomic, every step by default), curves.png. `--resume` continues a killed run exactly.
 
-    python train.py                    # smollm2 pair, ~10 min on a 2-core CPU
-    python train.py --pair tiny        # addition task, about a minute; prints accuracy
+    python train.py                    # smollm2 pair, ~6.5 min on a 2-core CPU
+    python train.py --pair tiny        # addition task, under 1.5 min; prints accuracy
+    python train.py --pair tiny --weights fp8 --kv-cache fp8 --staleness 2   # through a cheap engine
     python train.py --pair tiny --name mine --resume
 """
 
