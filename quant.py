@@ -16,7 +16,12 @@ Our cache attends to the *quantized* keys and values in prefill as well as in de
 through FP8, so the prompt and the response see the same precision. (Engines differ here; transformers'
 Fp8QuantizedLayer attends to the unquantized states in prefill.)
 
+FP8 weights go through torchao (`quantize_weights`: fp8 weight-only, fp8-dyn W8A8 on CUDA sm >= 8.9, and
+fp8-emu, a fake-quantized emulation of W8A8 that runs anywhere). `sensitivity` quantizes one decoder block
+at a time and builds a greedy skip recipe.
+
     python quant.py kv-capacity --memory-gb 80    # KV tokens that fit: bf16 vs fp8 weights and KV cache
+    python quant.py sensitivity --pair smollm2    # FP8 one block at a time: ranking, bar plot, recipe
 """
 
 import argparse
