@@ -17,7 +17,7 @@ One step:
 Outputs go to runs/<name>/: config.json, metrics.jsonl (a line per step, flushed), checkpoint.pt
 (atomic, every step by default), curves.png. `--resume` continues a killed run exactly.
 
-    python train.py                    # smollm2 pair, ~6.5 min on a 2-core CPU
+    python train.py                    # smollm2 pair, ~7 min on a 2-core CPU
     python train.py --pair tiny        # addition task, under 1.5 min; prints accuracy
     python train.py --pair tiny --weights fp8 --kv-cache fp8 --staleness 2   # through a cheap engine
     python train.py --pair tiny --name mine --resume
