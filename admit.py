@@ -205,19 +205,13 @@ def what_it_buys(student, cfg) -> dict:
 
 
 def check(budget: dict, pair, cfg, n_probes: int, device: str) -> dict:
-    from mismatch import measure, opd_trajectory
-    from rollout import RolloutEngine
+    from mismatch import measure, opd_trajectory, synced_engine
 
     t0 = time.time()
     probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
-    calib = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]
-    engine = RolloutEngine(pair.student, pair.tokenizer, cfg, probe_prompts=calib)
-    if cfg.staleness:  # real OPD steps make the old weights the engine serves
-        for version, weights in enumerate(opd_trajectory(pair, cfg.staleness, device)):
-            pair.student.load_state_dict(weights)
-            engine.sync(pair.student, version)
-    else:
-        engine.sync(pair.student, 0)
+    # A stale candidate needs real OPD steps to make the old weights it serves.
+    trajectory = opd_trajectory(pair, cfg.staleness, device) if cfg.staleness else None
+    engine = synced_engine(pair, pair.student, cfg, trajectory)
     m = measure(engine, pair.student, pair.tokenizer, probes, seed=cfg.seed)
     seconds = time.time() - t0
     decision = verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], len(probes))

@@ -41,7 +41,7 @@ import torch
 from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
-from rollout import RolloutConfig, RolloutEngine
+from rollout import RolloutConfig, RolloutEngine, snapshot
 from train import PAIR_DEFAULTS, TrainConfig, add_rollout_args, head, make_engine, resolve_device, response_hidden, rollout_config_from_args, train_step
 
 
@@ -135,11 +135,25 @@ def opd_trajectory(pair, steps: int, device) -> list[dict]:
     work.student = student
     optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
     engine = make_engine(work, cfg)
-    snapshots = [{k: v.detach().clone() for k, v in student.state_dict().items()}]
+    snapshots = [snapshot(student)]
     for step in range(1, steps + 1):
         train_step(work, engine, cfg, optimizer, step, device)
-        snapshots.append({k: v.detach().clone() for k, v in student.state_dict().items()})
+        snapshots.append(snapshot(student))
     return snapshots
+
+
+def synced_engine(pair, train, cfg: RolloutConfig, trajectory: list[dict] | None = None) -> RolloutEngine:
+    """An engine for cfg, synced to `train`. A stale engine is walked through `trajectory` (the weights of
+    versions 0..k), so it serves the old weights while `train` ends at the newest."""
+    calib = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]  # fp8 KV calibration, never eval prompts
+    engine = RolloutEngine(train, pair.tokenizer, cfg, probe_prompts=calib)
+    if cfg.staleness:
+        for version, weights in enumerate(trajectory):
+            train.load_state_dict(weights)
+            engine.sync(train, version)
+    else:
+        engine.sync(train, 0)
+    return engine
 
 
 def sources(cfg: RolloutConfig) -> list[tuple[str, RolloutConfig]]:
@@ -164,7 +178,6 @@ def measure_sources(pair, cfg: RolloutConfig, n_probes: int, device, progress: b
     import copy
 
     probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
-    calib = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]
     trajectory = opd_trajectory(pair, cfg.staleness, device) if cfg.staleness else None
     train = pair.student
     if trajectory:
@@ -173,13 +186,7 @@ def measure_sources(pair, cfg: RolloutConfig, n_probes: int, device, progress: b
     results = []
     for name, row in tqdm(sources(cfg), desc="sources", disable=not progress):
         t0 = time.time()
-        engine = RolloutEngine(train, pair.tokenizer, row, probe_prompts=calib)
-        if row.staleness:  # push the trajectory: the engine serves the weights `staleness` versions back
-            for version, weights in enumerate(trajectory):
-                train.load_state_dict(weights)
-                engine.sync(train, version)
-        else:
-            engine.sync(train, 0)
+        engine = synced_engine(pair, train, row, trajectory)
         results.append({"source": name, **measure(engine, train, pair.tokenizer, probes, seed=cfg.seed), "seconds": time.time() - t0})
     return results
 
