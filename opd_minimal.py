@@ -83,7 +83,7 @@ def reverse_kl(logp_a, logp_b, mask):
     return (kl * mask).sum() / mask.sum()
 
 
-def accuracy(model, tok, rng, n=64):
+def accuracy(model, tok, rng, n=256):
     prompts, answers = problems(n, rng)
     ids, _, resp = sample(model, tok, prompts, 6, None, greedy=True)
     texts = [tok.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(ids, resp)]
@@ -92,9 +92,9 @@ def accuracy(model, tok, rng, n=64):
 
 def main():
     ap = argparse.ArgumentParser(description="OPD with a noisy rollout engine, in one file.")
-    ap.add_argument("--steps", type=int, default=60, help="optimizer steps")
+    ap.add_argument("--steps", type=int, default=100, help="optimizer steps")
     ap.add_argument("--noise", type=float, default=0.01, help="relative std of the engine's weight noise; 0 = exact copy")
-    ap.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    ap.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (2e-3 makes the tiny student worse before better)")
     ap.add_argument("--batch", type=int, default=64, help="responses per step")
     args = ap.parse_args()
 
@@ -125,9 +125,9 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         opt.step()
-        acc = f"{accuracy(student, tok, random.Random(1)):8.2f}" if step % 10 == 0 or step == args.steps else ""
+        acc = f"{accuracy(student, tok, random.Random(1)):8.2f}" if step % 20 == 0 or step == args.steps else ""
         print(f"{step:4d}  {loss.item():10.4f}  {mismatch.item():9.5f}  {acc}", flush=True)
-    print(f"done in {time.time() - t0:.0f}s (reverse KL in nats/token; accuracy: greedy exact match, 64 problems)")
+    print(f"done in {time.time() - t0:.0f}s (reverse KL in nats/token; accuracy: greedy exact match, 256 problems)")
 
 
 if __name__ == "__main__":
