@@ -14,7 +14,7 @@ mismatch.py and train.py):
 We also print the mismatch itself, KL(π_engine ‖ π_train) per token on the engine's samples.
 The pair is the tiny addition pair committed in pairs/tiny/ (a 3-layer teacher, a 2-layer student).
 
-    python opd_minimal.py                 # about a minute on a 2-core CPU
+    python opd_minimal.py                 # about 70 s on a 2-core CPU
     python opd_minimal.py --noise 0.05    # a noisier engine: watch the mismatch column grow
 """
 
