@@ -29,11 +29,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
-from train import PAIR_DEFAULTS, TrainConfig, add_rollout_args, read_metrics, resolve_device, rollout_config_from_args, run
+from train import PAIR_DEFAULTS, add_rollout_args, pair_config, read_metrics, resolve_device, rollout_config_from_args, run
 
 SCHEMA_VERSION = 1
 SCALE = "mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on engine samples"
@@ -112,14 +111,12 @@ def calibration_configs(noise_grid: list[float], real: list[str]) -> list[tuple[
 
 
 def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str) -> dict:
-    d = PAIR_DEFAULTS[pair]
     plan = [(label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)]
     points = []
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
         name = f"{label.replace(' ', '_')}-seed{seed}"
-        cfg = TrainConfig(pair=pair, **{k: v for k, v in d.items() if k != "max_new_tokens"}, device=device, seed=seed, name=name, out_dir=str(out / "runs"))
-        cfg.steps, cfg.eval_every = steps, 0
-        cfg.rollout = replace(cfg.rollout, max_new_tokens=d["max_new_tokens"], seed=seed, **over)
+        cfg = pair_config(pair, steps=steps, eval_every=0, device=device, seed=seed, name=name, out_dir=str(out / "runs"))
+        cfg.rollout = replace(cfg.rollout, seed=seed, **over)
         metrics_path = out / "runs" / name / "metrics.jsonl"
         records = read_metrics(metrics_path, upto=steps)
         if not records or records[-1]["step"] != steps:  # not finished: (re)start or resume it

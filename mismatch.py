@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
 from rollout import RolloutConfig, RolloutEngine, snapshot
-from train import PAIR_DEFAULTS, TrainConfig, add_rollout_args, head, make_engine, resolve_device, response_hidden, rollout_config_from_args, train_step
+from train import PAIR_DEFAULTS, add_rollout_args, pair_config, head, make_engine, resolve_device, response_hidden, rollout_config_from_args, train_step
 
 
 def exact_token_kl(engine: RolloutEngine, train, rollout, chunk: int = 256) -> torch.Tensor:
@@ -128,8 +128,7 @@ def opd_trajectory(pair, steps: int, device) -> list[dict]:
     """Weights after 0..steps real OPD steps (the pair's default settings): what a stale engine serves."""
     import copy
 
-    cfg = TrainConfig(pair=pair.name, **{k: v for k, v in PAIR_DEFAULTS[pair.name].items() if k != "max_new_tokens"})
-    cfg.rollout = RolloutConfig(max_new_tokens=PAIR_DEFAULTS[pair.name]["max_new_tokens"])
+    cfg = pair_config(pair.name)
     student = copy.deepcopy(pair.student)
     work = copy.copy(pair)
     work.student = student

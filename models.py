@@ -164,13 +164,13 @@ def _tiny_batch(tokenizer, problems: list[Prompt]) -> tuple[torch.Tensor, torch.
     return enc.input_ids, enc.attention_mask, loss_mask_B_T
 
 
-def tiny_accuracy(model, tokenizer, problems: list[Prompt]) -> float:
-    """Exact-match accuracy of greedy answers (teacher forcing free: real decoding through our sampler)."""
+def exact_match_accuracy(model, tokenizer, problems: list[Prompt], max_new_tokens: int = 6) -> float:
+    """Exact-match accuracy of greedy answers (real decoding through our sampler, no teacher forcing)."""
     from rollout import RolloutConfig, generate
 
-    rollout = generate(model, tokenizer, [format_prompt(tokenizer, p.text) for p in problems], RolloutConfig(temperature=0.0, max_new_tokens=6))
+    rollout = generate(model, tokenizer, [format_prompt(tokenizer, p.text) for p in problems], RolloutConfig(temperature=0.0, max_new_tokens=max_new_tokens))
     answers = rollout.responses(tokenizer)
-    return sum(a == p.answer for a, p in zip(answers, problems)) / len(problems)
+    return sum(a.strip() == p.answer for a, p in zip(answers, problems)) / len(problems)
 
 
 def train_supervised(model, tokenizer, *, steps: int, lr: float, batch: int, seed: int) -> None:
@@ -219,7 +219,7 @@ def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
         for rounds in range(1, max_rounds + 1):
             steps, lr = (first, 3e-3) if rounds == 1 else (later, lr_later)
             train_supervised(model, tokenizer, steps=steps, lr=lr, batch=128, seed=seed * 1000 + rounds)
-            acc = tiny_accuracy(model, tokenizer, held_out)
+            acc = exact_match_accuracy(model, tokenizer, held_out)
             print(f"  {size} round {rounds}: held-out accuracy {acc:.3f}", flush=True)
             if acc >= target:
                 break

@@ -36,7 +36,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from models import PAIRS, BadInput, format_prompt, load_pair
+from models import PAIRS, BadInput, exact_match_accuracy, format_prompt, load_pair
 from rollout import RolloutConfig, RolloutEngine, generate, positions
 
 LOSSES = ("analytic", "sampled")
@@ -77,6 +77,13 @@ class TrainConfig:
     name: str = ""  # run folder name under out_dir; "" = <pair>-<timestamp>
     out_dir: str = "runs"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+def pair_config(pair: str, **overrides) -> TrainConfig:
+    """A TrainConfig with the pair's default settings (PAIR_DEFAULTS), then `overrides`."""
+    d = dict(PAIR_DEFAULTS[pair])
+    rollout = RolloutConfig(max_new_tokens=d.pop("max_new_tokens"))
+    return TrainConfig(pair=pair, **{**d, "rollout": rollout, **overrides})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,9 +201,7 @@ def evaluate(pair, cfg: TrainConfig, device) -> dict:
     _, stats = opd_loss(pair.student, pair.teacher, rollout, chunk=cfg.kl_chunk)
     result = {"eval_rkl": stats["rkl"]}
     if all(p.answer is not None for p in prompts):
-        greedy = RolloutConfig(**{**asdict(cfg.rollout), "temperature": 0.0})
-        answers = generate(pair.student, pair.tokenizer, texts, greedy).responses(pair.tokenizer)
-        result["eval_acc"] = sum(a.strip() == p.answer for a, p in zip(answers, prompts)) / len(prompts)
+        result["eval_acc"] = exact_match_accuracy(pair.student, pair.tokenizer, prompts, cfg.rollout.max_new_tokens)
     return result
 
 

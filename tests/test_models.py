@@ -1,18 +1,17 @@
 """The pairs load offline from what the repo and setup.sh provide."""
 
-import os
 
 import pytest
 import torch
 
-from models import BadInput, load_hf_pair, load_pair, read_prompts, tiny_accuracy, tiny_problems, TINY_DIR
+from models import BadInput, load_hf_pair, load_pair, read_prompts, exact_match_accuracy, tiny_problems, TINY_DIR
 
 
 def test_tiny_loads_from_committed_files_and_teacher_beats_student(tiny_pair):
     assert (TINY_DIR / "teacher" / "model.safetensors").stat().st_size < 5e6
     held_out = tiny_problems(200, seed=99, held_out=True)
-    teacher_acc = tiny_accuracy(tiny_pair.teacher, tiny_pair.tokenizer, held_out)
-    student_acc = tiny_accuracy(tiny_pair.student, tiny_pair.tokenizer, held_out)
+    teacher_acc = exact_match_accuracy(tiny_pair.teacher, tiny_pair.tokenizer, held_out)
+    student_acc = exact_match_accuracy(tiny_pair.student, tiny_pair.tokenizer, held_out)
     assert teacher_acc >= 0.95, teacher_acc
     assert 0.1 <= student_acc <= 0.7, student_acc
 
