@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
-from train import PAIR_DEFAULTS, add_rollout_args, pair_config, read_metrics, resolve_device, rollout_config_from_args, run
+from train import PAIR_DEFAULTS, add_rollout_args, device_label, pair_config, resolve_device, rollout_config_from_args, run_or_resume, run_seconds
 
 SCHEMA_VERSION = 1
 SCALE = "mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on engine samples"
@@ -110,6 +110,17 @@ def calibration_configs(noise_grid: list[float], real: list[str]) -> list[tuple[
     return configs
 
 
+def run_point(records: list[dict]) -> dict:
+    """A finished run as one point: its mean per-step mismatch (and prefix-shift part), start and final quality."""
+    train = [r for r in records if "mismatch_kl" in r]
+    evals = [r for r in records if "eval_rkl" in r]
+    mean = lambda key: sum(r.get(key, 0.0) for r in train) / len(train)  # noqa: E731
+    return {"mismatch": mean("mismatch_kl"), "prefix_kl": mean("prefix_kl"), "eval_rkl_start": evals[0]["eval_rkl"],
+            "eval_rkl": evals[-1]["eval_rkl"], "eval_acc_start": evals[0].get("eval_acc"), "eval_acc": evals[-1].get("eval_acc"),
+            "eval_reward_start": evals[0].get("eval_reward"), "eval_reward": evals[-1].get("eval_reward"),
+            "seconds": run_seconds(records)}  # fmt: skip
+
+
 def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str) -> dict:
     plan = [(label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)]
     points = []
@@ -117,15 +128,7 @@ def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, to
         name = f"{label.replace(' ', '_')}-seed{seed}"
         cfg = pair_config(pair, steps=steps, eval_every=0, device=device, seed=seed, name=name, out_dir=str(out / "runs"))
         cfg.rollout = replace(cfg.rollout, seed=seed, **over)
-        metrics_path = out / "runs" / name / "metrics.jsonl"
-        records = read_metrics(metrics_path, upto=steps)
-        if not records or records[-1]["step"] != steps:  # not finished: (re)start or resume it
-            records = run(cfg, resume=metrics_path.exists(), quiet=True)
-        train = [r for r in records if "mismatch_kl" in r]
-        evals = [r for r in records if "eval_rkl" in r]
-        points.append({"source": label, "seed": seed, **over, "mismatch": sum(r["mismatch_kl"] for r in train) / len(train),
-                       "eval_rkl_start": evals[0]["eval_rkl"], "eval_rkl": evals[-1]["eval_rkl"], "eval_acc": evals[-1].get("eval_acc"),
-                       "seconds": sum(r["seconds"] for r in records)})  # fmt: skip
+        points.append({"source": label, "seed": seed, **over, **run_point(run_or_resume(cfg))})
     base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
     base_final = sum(base.values()) / len(base)
     improvement = points[0]["eval_rkl_start"] - base_final
@@ -134,7 +137,7 @@ def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, to
         p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
     fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
     budget = {
-        "schema_version": SCHEMA_VERSION, "pair": pair, "scale": SCALE, "device": device,
+        "schema_version": SCHEMA_VERSION, "pair": pair, "scale": SCALE, "device": device_label(device),
         "tolerance": {"fraction": tolerance, "nats": tol, "of": "baseline improvement in held-out reverse KL over step 0"},
         "baseline": {"eval_rkl_start": points[0]["eval_rkl_start"], "eval_rkl_final": base_final, "improvement": improvement},
         "budget": fit["budget"], "how": fit["how"], "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
@@ -239,7 +242,7 @@ def main(argv=None) -> None:
     cal = sub.add_parser("calibrate", help="short OPD runs under increasing mismatch -> budget.json and budget.png")
     cal.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)}")
     cal.add_argument("--out", help="output folder (default budgets/<pair>)")
-    cal.add_argument("--noise-grid", default="0.003,0.01,0.03,0.1,0.3", help="comma-separated noise levels σ (default 0.003,0.01,0.03,0.1,0.3)")
+    cal.add_argument("--noise-grid", default="0.003,0.01,0.03,0.1,0.3,0.5,1", help="comma-separated noise levels σ (default 0.003,0.01,0.03,0.1,0.3,0.5,1)")
     cal.add_argument("--real", default="fp8,kv-fp8,staleness-2", help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K ('' = none)")
     cal.add_argument("--steps", type=int, default=60, help="OPD steps per run (default 60)")
     cal.add_argument("--seeds", type=int, default=2, help="seeds per configuration (default 2)")

@@ -6,7 +6,7 @@ The canonical scale (nats per token):
                 = mean_t Σ_v π_e(v|x_<t) (log π_e(v|x_<t) − log π_t(v|x_<t)),
 
 taken on the engine's own samples (x ~ π_engine), over the full vocabulary, where π_train is the trainer's
-student at the engine's version. Both sides are read at temperature 1 with no top-p truncation: the
+current student (the policy being updated; a stale engine serves older weights). Both sides are read at temperature 1 with no top-p truncation: the
 policies themselves, not the sampler's settings.
 
 Beside it, from the sampled tokens alone (what dumps from other systems give you), with the per-token
@@ -27,6 +27,8 @@ Two parts of mismatch:
                   which estimates KL(π_e ‖ π_t) over whole responses (nats per sequence); and seq_ess,
                   the effective sample fraction of the sequence-level weights e^{−Σ_t r_t}. A token-level
                   correction leaves these untouched: they grow with length even at a fixed per-token error.
+                  prefix_kl (exact, per token) = mean_t KL(P_e(y_<t) ‖ P_t(y_<t)) = mean_t E_e[Σ_{τ<t} KL_τ]
+                  by the chain rule; train.py logs it beside mismatch_kl at every step.
 
     python mismatch.py --pair tiny --weights bf16
 """
@@ -42,7 +44,7 @@ from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
 from rollout import RolloutConfig, RolloutEngine, snapshot
-from train import PAIR_DEFAULTS, add_rollout_args, pair_config, head, make_engine, resolve_device, response_hidden, rollout_config_from_args, train_step
+from train import PAIR_DEFAULTS, Batches, add_rollout_args, pair_config, head, make_engine, resolve_device, response_hidden, rollout_config_from_args, train_step
 
 
 def exact_token_kl(engine: RolloutEngine, train, rollout, chunk: int = 256) -> torch.Tensor:
@@ -61,6 +63,19 @@ def exact_token_kl(engine: RolloutEngine, train, rollout, chunk: int = 256) -> t
             logp_t = torch.log_softmax(head(train, h_t_N_H[i : i + chunk]).float(), -1)
             out.append((logp_e.exp() * (logp_e - logp_t)).sum(-1))
         return torch.cat(out) if out else torch.zeros(0)
+
+
+def prefix_shift_kl(kl_N: torch.Tensor, rollout) -> torch.Tensor:
+    """The prefix-shift part of the mismatch at every response token: KL between the engine's and the
+    trainer's distributions of the response prefix y_<t (kl_N: exact per-token KLs, row-major order).
+
+    By the chain rule of KL,  KL(P_engine(y_<t) ‖ P_train(y_<t)) = E_engine[Σ_{τ<t} KL_τ],  so the running
+    sum of the earlier tokens' exact KLs on an engine sample estimates it without bias. The per-token part
+    at t is KL_t itself: TIS can reweight the token drawn at t, but not the prefix it was drawn after.
+    """
+    target_B_T = rollout.response_mask[:, 1:].bool()
+    kl_B_T = torch.zeros(target_B_T.shape, dtype=kl_N.dtype, device=kl_N.device).masked_scatter(target_B_T, kl_N)
+    return (kl_B_T.cumsum(1) - kl_B_T)[target_B_T]  # exclusive running sum along each response
 
 
 def sampled_token_metrics(logp_engine_N: torch.Tensor, logp_train_N: torch.Tensor, seq_id_N: torch.Tensor) -> dict:
@@ -133,10 +148,10 @@ def opd_trajectory(pair, steps: int, device) -> list[dict]:
     work = copy.copy(pair)
     work.student = student
     optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
-    engine = make_engine(work, cfg)
+    batches = Batches(work, make_engine(work, cfg), cfg, device)
     snapshots = [snapshot(student)]
     for step in range(1, steps + 1):
-        train_step(work, engine, cfg, optimizer, step, device)
+        train_step(work, batches, cfg, optimizer, step, device)
         snapshots.append(snapshot(student))
     return snapshots
 

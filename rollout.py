@@ -241,7 +241,11 @@ class RolloutEngine:
         self.model, self.version, self.kv_scales = None, None, None
 
     def sync(self, student, version: int) -> None:
-        self.snapshots.append((version, snapshot(student)))
+        self.receive(version, snapshot(student))
+
+    def receive(self, version: int, weights: dict) -> None:
+        """sync's second half, for weights already snapshotted (the async worker rebuilds off the trainer's thread)."""
+        self.snapshots.append((version, weights))
         while len(self.snapshots) > self.cfg.staleness + 1:
             self.snapshots.popleft()
         served, weights = self.snapshots[0]

@@ -12,7 +12,12 @@ One step:
        Both treat each token's prefix as fixed (the usual OPD recipe): the gradient does not flow through
        the effect the student's choices have on later prefixes. --tis-cap C reweights the sampled-token
        estimator by min(π_train(y_t)/π_engine(y_t), C) (truncated importance sampling).
-    4. the canonical mismatch KL(π_engine ‖ π_train) of the batch is logged as `mismatch_kl`.
+       --loss grpo swaps the teacher's signal for the RL baseline's (rl.py): an exact-match reward per
+       response and group-normalised advantages, through the same engine, batches and TIS option.
+    4. the canonical mismatch KL(π_engine ‖ π_train) of the batch is logged as `mismatch_kl`, and the
+       prefix-shift part (mismatch.prefix_shift_kl) as `prefix_kl`.
+
+--async samples one step ahead in a background thread (one-step-off, see `Batches`).
 
 Outputs go to runs/<name>/: config.json, metrics.jsonl (a line per step, flushed), checkpoint.pt
 (atomic, every step by default), curves.png. `--resume` continues a killed run exactly.
@@ -21,14 +26,17 @@ Outputs go to runs/<name>/: config.json, metrics.jsonl (a line per step, flushed
     python train.py --pair tiny        # addition task, under 1.5 min; prints accuracy
     python train.py --pair tiny --weights fp8 --kv-cache fp8 --staleness 2   # through a cheap engine
     python train.py --pair tiny --name mine --resume
+    python train.py --pair tiny --loss grpo --tis-cap 2     # the RL baseline
 """
 
 import argparse
 import json
 import math
 import os
+import platform
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -37,9 +45,10 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from models import PAIRS, BadInput, exact_match_accuracy, format_prompt, load_pair
-from rollout import RolloutConfig, RolloutEngine, generate, positions
+from rl import exact_match_rewards, group_advantages
+from rollout import RolloutConfig, RolloutEngine, generate, positions, snapshot
 
-LOSSES = ("analytic", "sampled")
+LOSSES = ("analytic", "sampled", "grpo")
 
 # Settings that differ per pair; anything not given on the command line comes from here.
 PAIR_DEFAULTS = {
@@ -66,8 +75,9 @@ class TrainConfig:
     warmup: int = 0  # steps of linear learning-rate warm-up, then constant
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (policy gradient on the sampled token)
-    tis_cap: float = 0.0  # truncated importance sampling cap C in min(π_train/π_engine, C); 0 = off
+    loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (policy gradient on the sampled token) | grpo (RL baseline)
+    tis_cap: float = 0.0  # truncated importance sampling cap C in min(π_train/π_engine, C); 0 = off (sampled, grpo)
+    async_rollout: bool = False  # one-step-off: sample step s+1's batch in a background thread during step s
     kl_chunk: int = 256  # response tokens per chunk when computing full-vocabulary KL (bounds memory)
     eval_every: int = 5  # evaluate every N steps (and after the last); 0 = only at the start and end
     eval_prompts: int = 16  # held-out prompts per evaluation
@@ -130,10 +140,13 @@ def tis_weights(logp_train_N: torch.Tensor, logp_engine_N: torch.Tensor, cap: fl
     return torch.exp(logp_train_N.detach() - logp_engine_N).clamp(max=cap)
 
 
-def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: int = 256, tis_cap: float = 0.0) -> tuple[torch.Tensor, dict]:
+def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: int = 256, tis_cap: float = 0.0,
+             advantages_B: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """The OPD loss over all response tokens of `rollout` (token mean), and its statistics.
 
-    tis_cap > 0 (sampled estimator only) multiplies each token's term by tis_weights. The analytic loss
+    estimator "grpo" is the RL baseline's loss, −mean_t w_t · A_i · log p_s(y_t), with one advantage per
+    response (advantages_B, from rl.group_advantages) in place of the teacher's per-token signal.
+    tis_cap > 0 (sampled and grpo) multiplies each token's term by tis_weights. The analytic loss
     needs no such correction: it sums over the whole vocabulary at each prefix, so how the engine drew
     y_t does not enter the term at t; only the prefixes it visits do (prefix shift). The engine's
     log-probs come from the rollout and are the sampling distribution's: TIS assumes temperature 1, top-p 1.
@@ -145,23 +158,27 @@ def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: i
     h_s_N_H, y_N = response_hidden(student, rollout)
     with torch.no_grad():
         h_t_N_H, _ = response_hidden(teacher, rollout)
-    logp_engine_N = rollout.logprobs[:, 1:][rollout.response_mask[:, 1:].bool()]  # same order as y_N
+    target_B_T = rollout.response_mask[:, 1:].bool()
+    logp_engine_N = rollout.logprobs[:, 1:][target_B_T]  # same order as y_N
     n = len(y_N)
+    adv_N = torch.zeros(n, device=y_N.device)
+    if advantages_B is not None:  # each response's advantage, repeated over its tokens
+        adv_N = advantages_B.to(y_N.device)[:, None].expand_as(target_B_T)[target_B_T]
 
-    def chunk_terms(h_s_C_H, h_t_C_H, y_C, logp_e_C):
+    def chunk_terms(h_s_C_H, h_t_C_H, y_C, logp_e_C, adv_C):
         with torch.no_grad():
             teacher_logits_C_V = head(teacher, h_t_C_H)
         kl_C, logp_s_C, logp_t_C = reverse_kl_terms(head(student, h_s_C_H), teacher_logits_C_V, y_C)
         if estimator == "analytic":
             objective = kl_C.sum()
         else:
-            advantage_C = -(logp_s_C - logp_t_C).detach()
+            advantage_C = adv_C if estimator == "grpo" else -(logp_s_C - logp_t_C).detach()
             objective = -(tis_weights(logp_s_C, logp_e_C, tis_cap) * advantage_C * logp_s_C).sum()
         return objective, kl_C.detach().sum()
 
     loss, kl_sum = torch.zeros((), device=y_N.device), torch.zeros((), device=y_N.device)
     for i in range(0, n, chunk):
-        args = (h_s_N_H[i : i + chunk], h_t_N_H[i : i + chunk], y_N[i : i + chunk], logp_engine_N[i : i + chunk])
+        args = (h_s_N_H[i : i + chunk], h_t_N_H[i : i + chunk], y_N[i : i + chunk], logp_engine_N[i : i + chunk], adv_N[i : i + chunk])
         objective, kl = checkpoint(chunk_terms, *args, use_reentrant=False) if torch.is_grad_enabled() else chunk_terms(*args)
         loss = loss + objective / max(n, 1)
         kl_sum = kl_sum + kl
@@ -178,10 +195,58 @@ def step_generator(seed: int, step: int, device) -> torch.Generator:
 
 
 def train_rollout(pair, engine: RolloutEngine, cfg: TrainConfig, step: int, device):
-    """Sample this step's batch with the engine: `batch_size` prompts, each `samples_per_prompt` times."""
+    """Sample this step's batch with the engine: `batch_size` prompts, each `samples_per_prompt` times
+    (consecutive rows, so a prompt's responses form a group). Returns the rollout and each row's Prompt."""
     pick = torch.randint(len(pair.train_prompts), (cfg.batch_size,), generator=step_generator(cfg.seed, step, "cpu"))
-    texts = [format_prompt(pair.tokenizer, pair.train_prompts[i].text) for i in pick.tolist() for _ in range(cfg.samples_per_prompt)]
-    return engine.generate(texts, generator=step_generator(cfg.seed, step, device))
+    prompts = [pair.train_prompts[i] for i in pick.tolist() for _ in range(cfg.samples_per_prompt)]
+    texts = [format_prompt(pair.tokenizer, p.text) for p in prompts]
+    return engine.generate(texts, generator=step_generator(cfg.seed, step, device)), prompts
+
+
+class Batches:
+    """Where step s's batch comes from. The weights entering step s are version s − 1.
+
+    sync   at the start of step s: engine.sync(version s − 1), then sample.
+    async  one-step-off: while the trainer runs step s, a background thread samples step s+1's batch from
+           version s − 1 (the weights entering step s), so every batch is exactly one version staler than
+           in sync mode (version max(s − 2, 0)); the batches are the ones sync mode with staleness + 1
+           would draw. Sampling then overlaps the optimizer step instead of preceding it. The trainer
+           snapshots its weights before the update; the worker rebuilds the engine from that snapshot.
+    """
+
+    def __init__(self, pair, engine: RolloutEngine, cfg: TrainConfig, device):
+        self.pair, self.engine, self.cfg, self.device = pair, engine, cfg, device
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if cfg.async_rollout else None
+        self.pending = None  # async: the future of the next step's batch
+
+    def _sample(self, version: int, weights: dict, step: int):
+        self.engine.receive(version, weights)
+        return train_rollout(self.pair, self.engine, self.cfg, step, self.device)
+
+    def get(self, student, step: int):
+        """Step s's (rollout, prompts). Async: the batch prepared during step s − 1 (or, on the first step
+        of a run or a resume, one sampled now from the current weights)."""
+        if self.pool is None:
+            self.engine.sync(student, version=step - 1)
+            return train_rollout(self.pair, self.engine, self.cfg, step, self.device)
+        if self.pending is None:
+            self.pending = self.pool.submit(self._sample, step - 1, snapshot(student), step)
+        batch, self.pending = self.pending.result(), None
+        return batch
+
+    def prefetch(self, student, step: int) -> None:
+        """Async: start sampling step s+1's batch from the weights entering step s (call before the update)."""
+        if self.pool is not None and step < self.cfg.steps:
+            self.pending = self.pool.submit(self._sample, step - 1, snapshot(student), step + 1)
+
+    def wait(self) -> None:
+        """Let the worker finish (before evaluation: tokenizers are not safe to call from two threads)."""
+        if self.pending is not None:
+            self.pending.exception()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def make_engine(pair, cfg: TrainConfig) -> RolloutEngine:
@@ -192,8 +257,9 @@ def make_engine(pair, cfg: TrainConfig) -> RolloutEngine:
 
 @torch.no_grad()
 def evaluate(pair, cfg: TrainConfig, device) -> dict:
-    """Held-out quality: exact reverse KL of fresh student samples (fixed seed), and greedy accuracy when
-    the prompts have answers."""
+    """Held-out quality: exact reverse KL of fresh student samples (fixed seed, temperature 1); when the
+    prompts have answers, also the exact-match rate of those samples (eval_reward: what the RL baseline
+    maximises) and greedy accuracy (eval_acc)."""
     pair.student.eval()
     prompts = pair.eval_prompts[: cfg.eval_prompts]
     texts = [format_prompt(pair.tokenizer, p.text) for p in prompts]
@@ -201,6 +267,7 @@ def evaluate(pair, cfg: TrainConfig, device) -> dict:
     _, stats = opd_loss(pair.student, pair.teacher, rollout, chunk=cfg.kl_chunk)
     result = {"eval_rkl": stats["rkl"]}
     if all(p.answer is not None for p in prompts):
+        result["eval_reward"] = exact_match_rewards(rollout.responses(pair.tokenizer), [p.answer for p in prompts]).mean().item()
         result["eval_acc"] = exact_match_accuracy(pair.student, pair.tokenizer, prompts, cfg.rollout.max_new_tokens)
     return result
 
@@ -210,27 +277,34 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * min(1.0, step / cfg.warmup) if cfg.warmup else cfg.lr
 
 
-def train_step(pair, engine: RolloutEngine, cfg: TrainConfig, optimizer, step: int, device) -> dict:
-    """One OPD step. The weights entering step s are version s − 1 (that many updates applied)."""
-    from mismatch import exact_token_kl
+def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, device) -> dict:
+    """One OPD (or GRPO) step. The weights entering step s are version s − 1 (that many updates applied)."""
+    from mismatch import exact_token_kl, prefix_shift_kl
 
     t0 = time.time()
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(cfg, step)
     pair.student.eval()  # no dropout in sampling or scoring: the trained policy is the sampled one
-    engine.sync(pair.student, version=step - 1)
-    rollout = train_rollout(pair, engine, cfg, step, device)
+    rollout, prompts = batches.get(pair.student, step)
+    sample_seconds = time.time() - t0  # async: only the wait for a batch the worker has not finished
     # The one scale: exact KL(π_engine ‖ π_train) per token on the engine's samples (see mismatch.py).
-    mismatch_kl = exact_token_kl(engine, pair.student, rollout, chunk=cfg.kl_chunk).mean().item()
-    loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk, tis_cap=cfg.tis_cap)
+    kl_N = exact_token_kl(batches.engine, pair.student, rollout, chunk=cfg.kl_chunk)
+    batches.prefetch(pair.student, step)  # async: the next batch samples while this step trains
+    extra, advantages_B = {}, None
+    if cfg.loss == "grpo":
+        rewards_B = exact_match_rewards(rollout.responses(pair.tokenizer), [p.answer for p in prompts])
+        advantages_B = group_advantages(rewards_B, cfg.samples_per_prompt)
+        extra["reward"] = rewards_B.mean().item()
+    loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk, tis_cap=cfg.tis_cap, advantages_B=advantages_B)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(pair.student.parameters(), max_norm)
     optimizer.step()
     response_len = rollout.response_mask.sum(1).float().mean().item()
-    return {"step": step, "loss": loss.item(), **stats, "mismatch_kl": mismatch_kl, "engine_version": rollout.version,
-            "grad_norm": grad_norm.item(), "response_len": response_len, "seconds": time.time() - t0}  # fmt: skip
+    return {"step": step, "loss": loss.item(), **stats, **extra, "mismatch_kl": kl_N.mean().item(),
+            "prefix_kl": prefix_shift_kl(kl_N, rollout).mean().item(), "engine_version": rollout.version,
+            "grad_norm": grad_norm.item(), "response_len": response_len, "sample_seconds": sample_seconds, "seconds": time.time() - t0}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,12 +377,23 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def device_label(device: str) -> str:
+    """What the numbers were measured on, for every figure and table: the GPU's name, or the CPU's and its threads."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")] if cpuinfo.exists() else []
+    return f"CPU ({names[0] if names else platform.processor() or 'unknown model'}, {torch.get_num_threads()} threads)"
+
+
 def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dict]:
     """Train according to cfg; return the metric records. The run folder must be new unless resume."""
     run_dir = Path(cfg.out_dir) / cfg.name
     ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
     device = resolve_device(cfg.device)
     pair = load_pair(cfg.pair, teacher=cfg.teacher, student=cfg.student, device=device, student_layers=cfg.student_layers, prompts=cfg.prompts)
+    if cfg.loss == "grpo" and any(p.answer is None for p in pair.train_prompts):
+        raise BadInput("--loss grpo needs a verifiable reward: every training prompt must have an \"answer\" (the tiny pair has them)")
     torch.manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(pair.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -331,33 +416,49 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
 
     if start == 1:  # step 0: the untrained student, evaluated once
         t0 = time.time()
-        rec = {"step": 0, "tokens": 0, **evaluate(pair, cfg, device), "seconds": time.time() - t0}
+        rec = {"step": 0, "tokens": 0, **evaluate(pair, cfg, device), "seconds": 0.0, "eval_seconds": time.time() - t0}
         append_metrics(metrics_path, rec)
         records.append(rec)
         if not quiet:
             tqdm.write(f"step 0: held-out reverse KL {rec['eval_rkl']:.3f}" + (f", accuracy {rec['eval_acc']:.3f}" if "eval_acc" in rec else ""))
 
-    engine = make_engine(pair, cfg)
+    batches = Batches(pair, make_engine(pair, cfg), cfg, device)
+    if start > 1 and cfg.async_rollout:
+        tqdm.write(f"note: resuming an async run; step {start} samples from the step-{start - 1} weights (one version fresher than uninterrupted)")
     if start > 1 and cfg.rollout.staleness:
         # A stale engine serves snapshots the trainer has since overwritten; rebuild them by replaying is not
         # possible from one checkpoint, so a resumed stale run serves the resumed weights until it catches up.
         tqdm.write(f"note: resuming with staleness {cfg.rollout.staleness}; the engine restarts from the step-{start - 1} weights")
     bar = tqdm(range(start, cfg.steps + 1), initial=start - 1, total=cfg.steps, desc=f"OPD {cfg.name}", disable=quiet, unit="step")
-    for step in bar:
-        rec = train_step(pair, engine, cfg, optimizer, step, device)
-        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            t0 = time.time()
-            rec.update(evaluate(pair, cfg, device))
-            rec["seconds"] += time.time() - t0
-        # Metrics first, then the checkpoint: a kill in between only repeats this step on resume.
-        append_metrics(metrics_path, rec)
-        records.append(rec)
-        if step % cfg.ckpt_every == 0 or step == cfg.steps:
-            atomic_save({"step": step, "student": pair.student.state_dict(), "optimizer": optimizer.state_dict()}, ckpt_path)
-        bar.set_postfix({k: f"{rec[k]:.3f}" for k in ("loss", "rkl", "eval_rkl", "eval_acc") if k in rec})
+    try:
+        for step in bar:
+            rec = train_step(pair, batches, cfg, optimizer, step, device)
+            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+                batches.wait()
+                t0 = time.time()
+                rec.update(evaluate(pair, cfg, device))
+                rec["eval_seconds"] = time.time() - t0
+            # Metrics first, then the checkpoint: a kill in between only repeats this step on resume.
+            append_metrics(metrics_path, rec)
+            records.append(rec)
+            if step % cfg.ckpt_every == 0 or step == cfg.steps:
+                atomic_save({"step": step, "student": pair.student.state_dict(), "optimizer": optimizer.state_dict()}, ckpt_path)
+            bar.set_postfix({k: f"{rec[k]:.3f}" for k in ("loss", "rkl", "reward", "eval_rkl", "eval_acc") if k in rec})
+    finally:
+        batches.close()
 
     plot_curves(records, run_dir / "curves.png", title=f"OPD {cfg.name}")
     return records
+
+
+def run_or_resume(cfg: TrainConfig) -> list[dict]:
+    """The records of run cfg.name: reused when it finished, resumed when it was killed, else run (quietly).
+    How the experiments (admit.py, study.py) reuse their finished runs."""
+    metrics_path = Path(cfg.out_dir) / cfg.name / "metrics.jsonl"
+    records = read_metrics(metrics_path, upto=cfg.steps)
+    if records and records[-1]["step"] == cfg.steps:
+        return records
+    return run(cfg, resume=metrics_path.exists(), quiet=True)
 
 
 def summary(records: list[dict]) -> str:
@@ -367,7 +468,12 @@ def summary(records: list[dict]) -> str:
     text = f"held-out reverse KL {first['eval_rkl']:.3f} -> {last['eval_rkl']:.3f} nats/token ({drop:.0%} lower)"
     if "eval_acc" in first:
         text += f"; held-out accuracy {first['eval_acc']:.3f} -> {last['eval_acc']:.3f}"
-    return text + f"; {sum(r['seconds'] for r in records):.0f}s"
+    return text + f"; {run_seconds(records):.0f}s"
+
+
+def run_seconds(records: list[dict]) -> float:
+    """Wall-clock seconds of a run: its training steps and its evaluations."""
+    return sum(r["seconds"] + r.get("eval_seconds", 0.0) for r in records)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -402,8 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up (default: 10 tiny, 0 smollm2)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm; 0 = no clipping (default 1)")
-    p.add_argument("--loss", default="analytic", help="analytic: full-vocabulary reverse KL; sampled: policy gradient on the sampled token")
-    p.add_argument("--tis-cap", type=float, default=0.0, help="--loss sampled: token-level truncated importance sampling weight min(π_train/π_engine, C); 0 = off (default)")
+    p.add_argument("--loss", default="analytic", help="analytic: full-vocabulary reverse KL; sampled: policy gradient on the sampled token; "
+                   "grpo: the RL baseline (exact-match reward, group-normalised advantages; prompts need answers)")
+    p.add_argument("--tis-cap", type=float, default=0.0, help="--loss sampled or grpo: token-level truncated importance sampling weight min(π_train/π_engine, C); 0 = off (default)")
+    p.add_argument("--async", dest="async_rollout", action="store_true", help="one-step-off: sample the next batch in a background thread during this step")
     p.add_argument("--kl-chunk", type=int, default=256, help="response tokens per full-vocabulary chunk (default 256)")
     p.add_argument("--eval-every", type=int, help="evaluate every N steps; 0 = only at start and end (default: 50 tiny, 4 smollm2)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation (default: 256 tiny, 16 smollm2)")
@@ -436,15 +544,15 @@ def config_from_args(args) -> TrainConfig:
     cfg = TrainConfig(
         pair=pair, teacher=args.teacher, student=args.student, student_layers=args.student_layers, prompts=args.prompts,
         steps=pick("steps"), batch_size=pick("batch_size"), samples_per_prompt=pick("samples_per_prompt"), lr=pick("lr"), warmup=pick("warmup"),
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip, loss=args.loss, tis_cap=args.tis_cap, kl_chunk=args.kl_chunk,
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip, loss=args.loss, tis_cap=args.tis_cap, async_rollout=args.async_rollout, kl_chunk=args.kl_chunk,
         eval_every=pick("eval_every"), eval_prompts=pick("eval_prompts"), ckpt_every=args.ckpt_every, seed=args.seed,
         device=args.device, name=args.name or f"{pair}-{time.strftime('%Y%m%d-%H%M%S')}", out_dir=args.out_dir, rollout=rollout,
     )  # fmt: skip
     for key in ("steps", "batch_size", "samples_per_prompt", "kl_chunk", "eval_prompts", "ckpt_every"):
         if getattr(cfg, key) < 1:
             raise BadInput(f"--{key.replace('_', '-')} {getattr(cfg, key)}: must be >= 1")
-    if cfg.tis_cap < 0 or (cfg.tis_cap > 0 and cfg.loss != "sampled"):
-        raise BadInput(f"--tis-cap {cfg.tis_cap}: must be >= 0, and applies to --loss sampled only (the analytic loss sums over the vocabulary, so the sampled token needs no correction)")
+    if cfg.tis_cap < 0 or (cfg.tis_cap > 0 and cfg.loss == "analytic"):
+        raise BadInput(f"--tis-cap {cfg.tis_cap}: must be >= 0, and applies to --loss sampled or grpo only (the analytic loss sums over the vocabulary, so the sampled token needs no correction)")
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
         raise BadInput(f"--lr {cfg.lr}: must be a positive number")
     if cfg.eval_every < 0:

@@ -6,7 +6,7 @@ from conftest import assert_close
 
 from mismatch import bootstrap_ci, measure, sampled_token_metrics
 from models import format_prompt
-from rollout import RolloutConfig, RolloutEngine
+from rollout import RolloutConfig, RolloutEngine, generate
 
 
 def probes(pair, n=32):
@@ -145,3 +145,18 @@ def test_exact_token_kl_equals_direct_full_forward(tiny_pair):
     direct = (logp_e.exp() * (logp_e - logp_t)).sum(-1)[rollout.response_mask[:, 1:].bool()]
     for chunk in (5, 1000):
         assert_close(exact_token_kl(engine, tiny_pair.student, rollout, chunk=chunk), direct, atol=1e-6, what=f"chunk {chunk}")
+
+
+def test_prefix_shift_kl_is_the_running_sum_of_earlier_token_kls(tiny_pair):
+    from mismatch import prefix_shift_kl
+
+    rollout = generate(tiny_pair.student, tiny_pair.tokenizer, [format_prompt(tiny_pair.tokenizer, "12+34=")] * 2 + [format_prompt(tiny_pair.tokenizer, "5+600=")],
+                       RolloutConfig(max_new_tokens=5), generator=torch.Generator().manual_seed(0))  # fmt: skip
+    mask_B_T = rollout.response_mask[:, 1:].bool()
+    kl_N = torch.rand(int(mask_B_T.sum()))
+    expected, i = [], 0
+    for row in mask_B_T:  # the direct loop: per response, the sum of the KLs of its earlier tokens
+        n = int(row.sum())
+        expected += [kl_N[i : i + j].sum() for j in range(n)]
+        i += n
+    assert_close(prefix_shift_kl(kl_N, rollout), torch.stack(expected), atol=1e-6, what="prefix KL")

@@ -1,0 +1,432 @@
+"""The study's experiments: sets of short train.py runs, summarised into results/ (JSON + plot each).
+
+validate  The admission check against real training. For candidate rollout configurations that the
+          calibration never ran, `admit.py check` gives a verdict in seconds; a real run of the
+          calibration's length (same seeds) gives the outcome: within tolerance if its quality loss
+              mean over seeds of (final eval reverse KL − the same-seed baseline run's) <= tolerance.
+          Agreement = admit & within, or reject & beyond; uncertain verdicts are counted apart.
+rl        OPD vs a GRPO baseline (rl.py), with and without TIS, under the same rollout configurations
+          (tiny). Each method's quality is compared with its own mismatch-free run (same seed):
+              Δ eval_reward = held-out exact-match rate of temperature-1 samples, minus the baseline's
+              Δ eval_rkl    = held-out reverse KL to the teacher, minus the baseline's.
+prefix    Per-token vs prefix-shift mismatch under weight noise σ, as training proceeds (train.py logs
+          mismatch_kl and prefix_kl every step), and the quality loss of three OPD estimators as σ grows:
+          analytic (immune to the per-token part), sampled-token, sampled-token + TIS.
+async     Time-to-quality for sync/async × bf16/fp8 rollout weights (smollm2 on CPU by default). The
+          quality target is 80% of the sync-bf16 run's held-out improvement; steps-to-quality is the first
+          evaluation that reaches it, wall-clock-to-quality the training seconds (evaluation excluded)
+          up to that step. A modeled GPU projection (labelled as such) is printed beside the measurement.
+report    results/SUMMARY.md from the JSON files above, the budgets and the sensitivity results.
+
+Finished runs are reused and killed ones resume (train.run_or_resume), so any command can be rerun.
+
+    python study.py validate --pair tiny     # ~10 min on a 2-core CPU
+    python study.py rl                       # ~15 min
+    python study.py prefix                   # ~6 min
+    python study.py async                    # smollm2, ~35 min
+    python study.py report
+"""
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from admit import check, read_budget, run_point
+from models import PAIRS, BadInput, load_pair
+from train import device_label, pair_config, read_metrics, resolve_device, run_or_resume
+
+RESULTS = Path("results")
+
+
+def slug(label: str) -> str:
+    """A run-folder name for a label: "sampled+TIS noise 0.1" -> "sampled_TIS_noise_0.1"."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", label)
+
+
+def sweep(out: Path, pair: str, plan: list[tuple[str, dict, dict]], seeds: int, device: str, desc: str, **common) -> list[dict]:
+    """Run (or reuse) every (label, TrainConfig overrides, RolloutConfig overrides) × seed; one point each."""
+    jobs = [(label, train_over, roll_over, seed) for label, train_over, roll_over in plan for seed in range(seeds)]
+    points = []
+    for label, train_over, roll_over, seed in tqdm(jobs, desc=desc, unit="run"):
+        name = f"{slug(label)}-seed{seed}"
+        cfg = pair_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **{**common, **train_over})
+        cfg.rollout = replace(cfg.rollout, seed=seed, **roll_over)
+        points.append({"label": label, "seed": seed, **train_over, **roll_over, **run_point(run_or_resume(cfg))})
+    return points
+
+
+def paired(points: list[dict], key: str, baseline_of) -> None:
+    """Adds Δkey = point[key] − the same-seed baseline point's key (baseline_of(point) -> baseline label)."""
+    base = {(p["label"], p["seed"]): p for p in points}
+    for p in points:
+        b = base[(baseline_of(p), p["seed"])]
+        p[f"delta_{key}"] = p[key] - b[key] if p[key] is not None else None
+
+
+def mean_by(points: list[dict], label: str, key: str) -> float:
+    vals = [p[key] for p in points if p["label"] == label]
+    return sum(vals) / len(vals)
+
+
+def write(name: str, result: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def plt_axes(ncols: int, width: float = 5.0):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 4), squeeze=False)
+    return plt, fig, axes[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# validate
+
+# Candidates the default calibration never runs (it runs noise 0.003…1, fp8, kv-fp8, staleness 2).
+VALIDATION = {
+    "tiny": [("noise 0.2", {"noise": 0.2}), ("noise 0.4", {"noise": 0.4}), ("noise 0.7", {"noise": 0.7}), ("noise 2", {"noise": 2.0}),
+             ("fp8 + noise 0.05", {"weights": "fp8", "noise": 0.05}), ("fp8-emu", {"weights": "fp8-emu"}),
+             ("kv-fp8 unit scales", {"kv_cache": "fp8", "kv_scales": "unit"}), ("staleness 4", {"staleness": 4}),
+             ("fp8 all Linear + kv-fp8", {"weights": "fp8", "fp8_skip": (), "kv_cache": "fp8"}),
+             ("staleness 1 + noise 0.6", {"staleness": 1, "noise": 0.6})],
+}  # fmt: skip
+
+
+def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device: str) -> dict:
+    budget = read_budget(budget_path, pair_name)
+    candidates = VALIDATION.get(pair_name) or VALIDATION["tiny"]
+    pair = load_pair(pair_name, device=device)
+    base_cfg = pair_config(pair_name, device=device)
+    verdicts = {}
+    for label, over in tqdm(candidates, desc="checking", unit="config"):
+        verdicts[label] = check(budget, pair, replace(base_cfg.rollout, **over), probes, device)
+    plan = [("baseline", {}, {})] + [(label, {}, over) for label, over in candidates]
+    points = sweep(RESULTS / "runs" / f"validate_{pair_name}", pair_name, plan, seeds, device, "training", steps=budget["steps"], eval_every=0)
+    paired(points, "eval_rkl", lambda p: "baseline")
+    tol, rows = budget["tolerance"]["nats"], []
+    for label, _ in candidates:
+        loss = mean_by(points, label, "delta_eval_rkl")
+        outcome = "within" if loss <= tol else "beyond"
+        v = verdicts[label]
+        agree = None if v["verdict"] == "uncertain" else (v["verdict"] == "admit") == (outcome == "within")
+        rows.append({"candidate": label, "check_mismatch": v["mismatch_kl"], "ci": [v["ci_low"], v["ci_high"]], "verdict": v["verdict"],
+                     "check_seconds": v["seconds"], "train_mismatch": mean_by(points, label, "mismatch"), "quality_loss": loss,
+                     "outcome": outcome, "agree": agree})  # fmt: skip
+    decided = [r for r in rows if r["agree"] is not None]
+    result = {"pair": pair_name, "budget": budget["budget"], "budget_how": budget["how"], "tolerance_nats": tol, "steps": budget["steps"],
+              "seeds": seeds, "probes": probes, "device": device_label(device), "rows": rows, "points": points,
+              "decided": len(decided), "agreement": sum(r["agree"] for r in decided) / len(decided) if decided else None}  # fmt: skip
+    write(f"validation_{pair_name}", result)
+    return result
+
+
+def validation_table(result: dict) -> str:
+    lines = ["| candidate | check: mismatch [95% CI] | verdict | training: mismatch | quality loss | outcome | agree |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        agree = {True: "yes", False: "**no**", None: "–"}[r["agree"]]
+        lines.append(f"| {r['candidate']} | {r['check_mismatch']:.3g} [{r['ci'][0]:.3g}, {r['ci'][1]:.3g}] | {r['verdict']} | "
+                     f"{r['train_mismatch']:.3g} | {r['quality_loss']:+.4f} | {r['outcome']} | {agree} |")  # fmt: skip
+    agreement = "n/a" if result["agreement"] is None else f"{result['agreement']:.0%}"
+    lines.append(f"\nBudget {result['budget']:.3g} nats/token ({result['budget_how']}), tolerance {result['tolerance_nats']:.4f} nats; "
+                 f"agreement on decided verdicts: {agreement} ({result['decided']} of {len(result['rows'])} decided); "
+                 f"{result['steps']} steps × {result['seeds']} seeds per run; {result['device']}.")  # fmt: skip
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rl: OPD vs GRPO
+
+RL_METHODS = {"OPD": {"loss": "analytic"}, "GRPO": {"loss": "grpo"}, "GRPO+TIS": {"loss": "grpo", "tis_cap": 2.0}}
+RL_CONFIGS = [("fp32", {}), ("bf16", {"weights": "bf16"}), ("fp8", {"weights": "fp8"}), ("noise 0.1", {"noise": 0.1}),
+              ("noise 0.3", {"noise": 0.3}), ("noise 1", {"noise": 1.0}), ("staleness 4", {"staleness": 4})]  # fmt: skip
+RL_COMMON = dict(steps=120, batch_size=32, samples_per_prompt=8, eval_every=0)  # groups of 8 for GRPO; the same batches for OPD
+
+
+def rl(seeds: int, device: str) -> dict:
+    plan = [(f"{m} {c}", over_m, over_c) for m, over_m in RL_METHODS.items() for c, over_c in RL_CONFIGS]
+    points = sweep(RESULTS / "runs" / "rl_tiny", "tiny", plan, seeds, device, "OPD vs GRPO", **RL_COMMON)
+    for key in ("eval_reward", "eval_rkl", "eval_acc"):
+        paired(points, key, lambda p: p["label"].split(" ")[0] + " fp32")
+    result = {"pair": "tiny", "methods": RL_METHODS, "configs": [c for c, _ in RL_CONFIGS], "common": RL_COMMON, "seeds": seeds,
+              "device": device_label(device), "points": points}  # fmt: skip
+    write("rl_tiny", result)
+    plot_rl(result, RESULTS / "rl_tiny.png")
+    return result
+
+
+def plot_rl(result: dict, path: Path) -> None:
+    plt, fig, axes = plt_axes(3, 4.6)
+    for i, method in enumerate(result["methods"]):
+        rows = [(mean_by(result["points"], f"{method} {c}", "mismatch"), c) for c in result["configs"]]
+        rows.sort()
+        for ax, key in zip(axes, ("delta_eval_reward", "delta_eval_acc", "delta_eval_rkl")):
+            ys = [mean_by(result["points"], f"{method} {c}", key) for _, c in rows]
+            ax.plot([max(x, 1e-5) for x, _ in rows], ys, "os^"[i] + "-", label=method)
+    titles = ("held-out sampled accuracy", "held-out greedy accuracy", "held-out reverse KL (lower is better)")
+    for ax, title in zip(axes, titles):
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set(xscale="log", xlabel="measured mismatch, nats/token (log)", ylabel="Δ vs the method's own fp32 run", title=title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"OPD vs GRPO under the same rollout mismatch (tiny, {result['common']['steps']} steps; {result['device']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rl_table(result: dict) -> str:
+    lines = ["| rollout | mismatch | " + " | ".join(f"{m}: Δ sampled acc / Δ greedy acc / Δ RKL" for m in result["methods"]) + " |",
+             "|---|---|" + "---|" * len(result["methods"])]  # fmt: skip
+    for c in result["configs"]:
+        cells = []
+        for m in result["methods"]:
+            g = lambda key: mean_by(result["points"], f"{m} {c}", key)  # noqa: E731
+            cells.append(f"{g('delta_eval_reward'):+.3f} / {g('delta_eval_acc'):+.3f} / {g('delta_eval_rkl'):+.3f}")
+        lines.append(f"| {c} | {mean_by(result['points'], f'OPD {c}', 'mismatch'):.3g} | " + " | ".join(cells) + " |")
+    base = "; ".join(f"{m} fp32 run: sampled acc {mean_by(result['points'], f'{m} fp32', 'eval_reward_start'):.3f} -> "
+                     f"{mean_by(result['points'], f'{m} fp32', 'eval_reward'):.3f}, RKL {mean_by(result['points'], f'{m} fp32', 'eval_rkl'):.3f}"
+                     for m in result["methods"])  # fmt: skip
+    return "\n".join(lines) + f"\n\nBaselines: {base}. {result['common']['steps']} steps, {result['seeds']} seed(s); {result['device']}."
+
+
+# ---------------------------------------------------------------------------------------------------
+# prefix: per-token vs prefix shift
+
+PREFIX_ESTIMATORS = {"analytic": {"loss": "analytic"}, "sampled": {"loss": "sampled"}, "sampled+TIS": {"loss": "sampled", "tis_cap": 2.0}}
+PREFIX_SIGMAS = (0.0, 0.1, 0.3, 0.5, 1.0)
+
+
+def prefix(seeds: int, device: str) -> dict:
+    plan = [(f"{e} noise {s:g}", over, {"noise": s}) for e, over in PREFIX_ESTIMATORS.items() for s in PREFIX_SIGMAS]
+    out = RESULTS / "runs" / "prefix_tiny"
+    points = sweep(out, "tiny", plan, seeds, device, "prefix shift", steps=60, eval_every=0)
+    paired(points, "eval_rkl", lambda p: p["label"].rsplit(" ", 1)[0] + " 0")
+    trajectories = {}  # per σ, from the sampled+TIS runs of seed 0: per-step per-token and prefix KL
+    for s in PREFIX_SIGMAS:
+        records = read_metrics(out / f"{slug(f'sampled+TIS noise {s:g}')}-seed0" / "metrics.jsonl", upto=10**9)
+        trajectories[f"{s:g}"] = [{"step": r["step"], "mismatch_kl": r["mismatch_kl"], "prefix_kl": r["prefix_kl"]} for r in records if "prefix_kl" in r]
+    result = {"pair": "tiny", "estimators": PREFIX_ESTIMATORS, "sigmas": PREFIX_SIGMAS, "steps": 60, "seeds": seeds,
+              "device": device_label(device), "points": points, "trajectories": trajectories}  # fmt: skip
+    write("prefix_tiny", result)
+    plot_prefix(result, RESULTS / "prefix_tiny.png")
+    return result
+
+
+def plot_prefix(result: dict, path: Path) -> None:
+    plt, fig, axes = plt_axes(2, 5.2)
+    for i, (s, traj) in enumerate(result["trajectories"].items()):
+        if float(s) == 0:
+            continue
+        axes[0].plot([r["step"] for r in traj], [r["mismatch_kl"] for r in traj], "-", color=f"C{i}", label=f"σ={s} per-token")
+        axes[0].plot([r["step"] for r in traj], [r["prefix_kl"] for r in traj], "--", color=f"C{i}", label=f"σ={s} prefix")
+    axes[0].set(yscale="log", xlabel="training step", ylabel="nats (per token / per prefix)", title="mismatch parts as training proceeds")
+    axes[0].legend(fontsize=7, ncol=2)
+    for i, e in enumerate(result["estimators"]):
+        labels = [f"{e} noise {s:g}" for s in result["sigmas"]]
+        xs = [max(mean_by(result["points"], lab, "mismatch"), 1e-5) for lab in labels]
+        axes[1].plot(xs, [mean_by(result["points"], lab, "delta_eval_rkl") for lab in labels], "os^"[i] + "-", label=e)
+    axes[1].axhline(0, color="k", lw=0.6)
+    axes[1].set(xscale="log", xlabel="per-token mismatch, nats/token (log)", ylabel="final held-out RKL − same estimator at σ=0",
+                title="quality loss as σ grows")  # fmt: skip
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"Per-token vs prefix-shift mismatch under weight noise (tiny, {result['steps']} steps; {result['device']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def prefix_table(result: dict) -> str:
+    ests = list(result["estimators"])
+    lines = ["| σ | per-token KL | prefix KL | " + " | ".join(f"{e}: Δ RKL" for e in ests) + " |", "|---|---|---|" + "---|" * len(ests)]
+    for s in result["sigmas"]:
+        lab = f"sampled+TIS noise {s:g}"
+        cells = " | ".join(f"{mean_by(result['points'], f'{e} noise {s:g}', 'delta_eval_rkl'):+.4f}" for e in ests)
+        lines.append(f"| {s:g} | {mean_by(result['points'], lab, 'mismatch'):.3g} | {mean_by(result['points'], lab, 'prefix_kl'):.3g} | {cells} |")
+    return "\n".join(lines) + f"\n\n{result['steps']} steps, {result['seeds']} seed(s); mismatch columns are run means over steps; {result['device']}."
+
+
+# ---------------------------------------------------------------------------------------------------
+# async: time-to-quality
+
+ASYNC_VARIANTS = [("sync bf16", {}, {"weights": "bf16"}), ("sync fp8", {}, {"weights": "fp8"}),
+                  ("async bf16", {"async_rollout": True}, {"weights": "bf16"}), ("async fp8", {"async_rollout": True}, {"weights": "fp8"})]  # fmt: skip
+
+
+def time_to_quality(records: list[dict], target: float) -> tuple[int | None, float | None]:
+    """First step whose held-out reverse KL is <= target, and the training seconds (no evaluation) up to it."""
+    elapsed = 0.0
+    for r in records:
+        elapsed += r["seconds"]
+        if r["step"] > 0 and r.get("eval_rkl", float("inf")) <= target:
+            return r["step"], elapsed
+    return None, None
+
+
+def modeled_gpu(gen_fraction: float, fp8_gen_ratio: float) -> dict:
+    """MODELED, not measured. With generation taking fraction f of a sync bf16 step (the rest training),
+        sync bf16 = 1,  async bf16 = max(f, 1 − f),  sync fp8 = f·r + (1 − f),  async fp8 = max(f·r, 1 − f)
+    where r = fp8/bf16 decode time, taken as the ratio of bytes read per decoded token (memory-bound decode)."""
+    f, r = gen_fraction, fp8_gen_ratio
+    return {"sync bf16": 1.0, "async bf16": max(f, 1 - f), "sync fp8": f * r + 1 - f, "async fp8": max(f * r, 1 - f)}
+
+
+def async_study(pair_name: str, steps: int, device: str) -> dict:
+    out = RESULTS / "runs" / f"async_{pair_name}"
+    wall, histories = {}, {}
+    for label, train_over, roll_over in tqdm(ASYNC_VARIANTS, desc="time-to-quality", unit="run"):
+        cfg = pair_config(pair_name, device=device, steps=steps, eval_every=2, name=label.replace(" ", "_"), out_dir=str(out), **train_over)
+        cfg.rollout = replace(cfg.rollout, **roll_over)
+        t0 = time.time()
+        histories[label] = run_or_resume(cfg)
+        wall[label] = time.time() - t0
+    base = [r for r in histories["sync bf16"] if "eval_rkl" in r]
+    target = base[0]["eval_rkl"] - 0.8 * (base[0]["eval_rkl"] - base[-1]["eval_rkl"])
+    rows = []
+    for label, records in histories.items():
+        step, seconds = time_to_quality(records, target)
+        train = [r for r in records if r["step"] > 0]
+        rows.append({"variant": label, "steps_to_quality": step, "seconds_to_quality": seconds, "seconds_per_step": sum(r["seconds"] for r in train) / len(train),
+                     "sample_seconds_per_step": sum(r["sample_seconds"] for r in train) / len(train), "final_eval_rkl": [r for r in records if "eval_rkl" in r][-1]["eval_rkl"],
+                     "mean_mismatch": sum(r["mismatch_kl"] for r in train) / len(train), "wall_seconds_this_call": wall[label]})  # fmt: skip
+    sync_bf16 = rows[0]
+    f = sync_bf16["sample_seconds_per_step"] / sync_bf16["seconds_per_step"]
+    result = {"pair": pair_name, "steps": steps, "target_eval_rkl": target, "device": device_label(device), "rows": rows,
+              "histories": {k: [{key: r.get(key) for key in ("step", "seconds", "sample_seconds", "eval_rkl")} for r in v] for k, v in histories.items()},
+              "modeled_gpu": {"formula": modeled_gpu.__doc__.strip(), "fp8_gen_ratio": 0.5,
+                              "by_gen_fraction": {str(g): modeled_gpu(g, 0.5) for g in (0.5, 0.7, 0.9)},
+                              "measured_cpu_gen_fraction": f}}  # fmt: skip
+    write(f"async_{pair_name}", result)
+    plot_async(result, RESULTS / f"async_{pair_name}.png")
+    return result
+
+
+def plot_async(result: dict, path: Path) -> None:
+    plt, fig, axes = plt_axes(2, 5.2)
+    for i, (label, hist) in enumerate(result["histories"].items()):
+        evals, elapsed, t = [], 0.0, []
+        for r in hist:
+            elapsed += r["seconds"] or 0.0
+            if r["eval_rkl"] is not None:
+                evals.append(r)
+                t.append(elapsed)
+        axes[0].plot([r["step"] for r in evals], [r["eval_rkl"] for r in evals], "o-", color=f"C{i}", label=label)
+        axes[1].plot(t, [r["eval_rkl"] for r in evals], "o-", color=f"C{i}", label=label)
+    for ax, xl in zip(axes, ("step", "training wall-clock seconds (evaluation excluded)")):
+        ax.axhline(result["target_eval_rkl"], color="k", ls=":", lw=0.8, label="quality target")
+        ax.set(xlabel=xl, ylabel="held-out reverse KL (nats/token)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Time to quality, {result['pair']}: MEASURED on {result['device']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def async_table(result: dict) -> str:
+    lines = ["| variant | s/step | of which waiting for samples | steps to quality | training s to quality | final RKL | mean mismatch |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        stq = "not reached" if r["steps_to_quality"] is None else str(r["steps_to_quality"])
+        sq = "–" if r["seconds_to_quality"] is None else f"{r['seconds_to_quality']:.0f}"
+        lines.append(f"| {r['variant']} | {r['seconds_per_step']:.1f} | {r['sample_seconds_per_step']:.1f} | {stq} | {sq} | {r['final_eval_rkl']:.3f} | {r['mean_mismatch']:.3g} |")
+    m = result["modeled_gpu"]
+    lines.append(f"\nMeasured on {result['device']}; quality target: held-out RKL <= {result['target_eval_rkl']:.3f}.")
+    lines.append(f"\nMODELED GPU projection (not measured): relative step time, r = {m['fp8_gen_ratio']} (fp8/bf16 bytes per decoded token).\n"
+                 f"{m['formula']}\n")  # fmt: skip
+    lines.append("| generation fraction f | " + " | ".join(m["by_gen_fraction"]["0.5"]) + " |\n|---|" + "---|" * 4)
+    for f, row in m["by_gen_fraction"].items():
+        lines.append(f"| {f} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+
+
+def report() -> Path:
+    """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so."""
+    parts = ["# Results\n", "Regenerate: `python study.py report` (each section names the command that made its numbers).\n"]
+    for pair in PAIRS:
+        path = Path("budgets") / pair / "budget.json"
+        if path.exists():
+            b = json.loads(path.read_text())
+            parts.append(f"## Budget: {pair}\n\n`python admit.py calibrate --pair {pair}`: budget **{b['budget']:.3g} nats/token** ({b['how']}); "
+                         f"tolerance {b['tolerance']['nats']:.4f} nats ({b['tolerance']['fraction']:.0%} of the baseline's {b['baseline']['improvement']:.3f}-nat "
+                         f"improvement); {len(b['points'])} runs of {b['steps']} steps; device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n")  # fmt: skip
+    for path in sorted(RESULTS.glob("sensitivity_*.json")):
+        s = json.loads(path.read_text())
+        top = ", ".join(f"{b} ({s['per_block'][b]:.2g})" for b in s["ranking"][:5])
+        parts.append(f"## Sensitivity: {path.stem}\n\nMade by `python quant.py sensitivity` (the README gives each pair's flags). Most sensitive blocks "
+                     f"(mismatch with that block alone in FP8): {top}; all blocks FP8: {s['all_fp8']:.3g}; keeping blocks "
+                     f"{s['kept_high_precision']} in high precision: {s['recipe_mismatch']:.3g}. File: `{path}`.\n")
+    sections = [("validation_tiny", "Validation of the admission check", "python study.py validate --pair tiny", validation_table),
+                ("rl_tiny", "OPD vs GRPO", "python study.py rl", rl_table),
+                ("prefix_tiny", "Per-token vs prefix shift", "python study.py prefix", prefix_table),
+                ("async_smollm2", "FP8 + async time-to-quality", "python study.py async", async_table)]  # fmt: skip
+    for name, title, command, table in sections:
+        path = RESULTS / f"{name}.json"
+        body = table(json.loads(path.read_text())) if path.exists() else f"(not run yet: `{command}`)"
+        plot = f" Plot: `results/{name}.png`." if (RESULTS / f"{name}.png").exists() else ""
+        parts.append(f"## {title}\n\n`{command}`.{plot}\n\n{body}\n")
+    out = RESULTS / "SUMMARY.md"
+    RESULTS.mkdir(exist_ok=True)
+    out.write_text("\n".join(parts))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("validate", help="admission check verdicts vs real training runs on held-out configurations")
+    v.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)}")
+    v.add_argument("--budget", help="budget.json (default budgets/<pair>/budget.json)")
+    v.add_argument("--seeds", type=int, default=2, help="training seeds per candidate (default 2)")
+    v.add_argument("--probes", type=int, default=64, help="probe prompts for each check (default 64)")
+    for name, helptext in (("rl", "OPD vs GRPO (tiny)"), ("prefix", "per-token vs prefix shift, with and without TIS (tiny)")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--seeds", type=int, default=1, help="seeds per run (default 1)")
+    a = sub.add_parser("async", help="sync/async × bf16/fp8 time-to-quality")
+    a.add_argument("--pair", default="smollm2", help=f"one of {', '.join(PAIRS)}")
+    a.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
+    sub.add_parser("report", help="results/SUMMARY.md from the results")
+    for sp in sub.choices.values():
+        sp.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "pair", "tiny") not in PAIRS:
+            raise BadInput(f"--pair {args.pair!r}: choose one of {', '.join(PAIRS)}")
+        if getattr(args, "seeds", 1) < 1 or getattr(args, "steps", 1) < 1:
+            raise BadInput("--seeds and --steps must be >= 1")
+        device = resolve_device(args.device)
+        if args.cmd == "validate":
+            result = validate(args.pair, Path(args.budget or f"budgets/{args.pair}/budget.json"), args.seeds, args.probes, device)
+            print(validation_table(result))
+        elif args.cmd == "rl":
+            print(rl_table(rl(args.seeds, device)))
+        elif args.cmd == "prefix":
+            print(prefix_table(prefix(args.seeds, device)))
+        elif args.cmd == "async":
+            print(async_table(async_study(args.pair, args.steps, device)))
+        print(f"wrote {report()}")
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
