@@ -2,7 +2,10 @@
 
 calibrate  Short OPD runs of the same length and seeds under increasing mismatch: a baseline, a noise-σ grid
            (the continuous knob) and real configurations (fp8 weights, fp8 KV, staleness). Each run gives a
-           point (measured mismatch = mean of its per-step `mismatch_kl`, final held-out reverse KL). The
+           point: its configuration's mismatch *measured exactly as check measures a candidate* (held-out
+           probes, the untrained student; `probe_mismatch`), and its final held-out reverse KL. Measuring
+           both the same way matters: the mean `mismatch_kl` over training is on other prompts and a moving
+           student, and on tiny it reads ~0.7× the probe number under weight noise. The
            quality loss of a point is its final eval reverse KL minus that of the baseline run with the same
            seed: paired runs share prompts and sampling seeds, so seed-to-seed spread cancels.
            The tolerance is a fraction (default 5%) of the baseline's improvement over step 0.
@@ -34,8 +37,9 @@ from tqdm import tqdm
 from models import PAIRS, BadInput, format_prompt, load_pair
 from train import PAIR_DEFAULTS, add_rollout_args, device_label, pair_config, resolve_device, rollout_config_from_args, run_or_resume, run_seconds
 
-SCHEMA_VERSION = 1
-SCALE = "mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on engine samples"
+SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
+SCALE = ("mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on the engine's samples of "
+         "held-out probe prompts, against the untrained student (what check measures)")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -121,14 +125,35 @@ def run_point(records: list[dict]) -> dict:
             "seconds": run_seconds(records)}  # fmt: skip
 
 
-def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str) -> dict:
+def probe_mismatch(pair, cfg, n_probes: int, device) -> dict:
+    """A rollout configuration's canonical mismatch as check measures it: engine samples of the first n
+    held-out prompts, against the pair's untrained student (a stale engine: the student `staleness` real
+    OPD steps on, the engine serving the old weights). Returns mismatch.measure's dict (with its CI)."""
+    import copy
+
+    from mismatch import measure, opd_trajectory, synced_engine
+
+    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
+    train, trajectory = pair.student, None
+    if cfg.staleness:  # a stale candidate needs real OPD steps to make the old weights it serves
+        trajectory = opd_trajectory(pair, cfg.staleness, device)
+        train = copy.deepcopy(pair.student)  # synced_engine walks it through the trajectory; keep the pair's student
+    engine = synced_engine(pair, train, cfg, trajectory)
+    return measure(engine, train, pair.tokenizer, probes, seed=cfg.seed)
+
+
+def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str, n_probes: int = 64) -> dict:
     plan = [(label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)]
+    loaded = load_pair(pair, device=device)  # for the probe measurements
     points = []
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
         name = f"{label.replace(' ', '_')}-seed{seed}"
         cfg = pair_config(pair, steps=steps, eval_every=0, device=device, seed=seed, name=name, out_dir=str(out / "runs"))
         cfg.rollout = replace(cfg.rollout, seed=seed, **over)
-        points.append({"source": label, "seed": seed, **over, **run_point(run_or_resume(cfg))})
+        run = run_point(run_or_resume(cfg))
+        probe = probe_mismatch(loaded, cfg.rollout, n_probes, device)
+        points.append({"source": label, "seed": seed, **over, **run, "train_mismatch": run["mismatch"], "mismatch": probe["mismatch_kl"],
+                       "mismatch_ci": [probe["ci_low"], probe["ci_high"]]})  # fmt: skip
     base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
     base_final = sum(base.values()) / len(base)
     improvement = points[0]["eval_rkl_start"] - base_final
@@ -142,7 +167,7 @@ def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, to
         "baseline": {"eval_rkl_start": points[0]["eval_rkl_start"], "eval_rkl_final": base_final, "improvement": improvement},
         "budget": fit["budget"], "how": fit["how"], "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
         "budget where the fit crosses the tolerance", "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
-        "steps": steps, "seeds": seeds, "seconds_per_run": sum(p["seconds"] for p in points) / len(points), "points": points,
+        "steps": steps, "seeds": seeds, "probes": n_probes, "seconds_per_run": sum(p["seconds"] for p in points) / len(points), "points": points,
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "budget.json.tmp"
@@ -166,7 +191,7 @@ def plot_budget(budget: dict, path: Path) -> None:
     ax.axhline(budget["tolerance"]["nats"], color="C3", ls=":", label=f"tolerance ({budget['tolerance']['fraction']:.0%} of improvement)")
     if budget["budget"] > 0:
         ax.axvline(budget["budget"], color="C3", ls="--", label=f"budget {budget['budget']:.2e}")
-    ax.set(xscale="log", xlabel="measured mismatch, KL(engine ‖ train) nats/token", ylabel="final held-out reverse KL − baseline",
+    ax.set(xscale="log", xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token", ylabel="final held-out reverse KL − baseline",
            title=f"{budget['pair']}: quality vs mismatch ({budget['steps']} steps, {budget['device']})")  # fmt: skip
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -205,23 +230,18 @@ def what_it_buys(student, cfg) -> dict:
 
 
 def check(budget: dict, pair, cfg, n_probes: int, device: str) -> dict:
-    from mismatch import measure, opd_trajectory, synced_engine
-
     t0 = time.time()
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
-    # A stale candidate needs real OPD steps to make the old weights it serves.
-    trajectory = opd_trajectory(pair, cfg.staleness, device) if cfg.staleness else None
-    engine = synced_engine(pair, pair.student, cfg, trajectory)
-    m = measure(engine, pair.student, pair.tokenizer, probes, seed=cfg.seed)
+    m = probe_mismatch(pair, cfg, n_probes, device)
     seconds = time.time() - t0
-    decision = verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], len(probes))
+    n = min(n_probes, len(pair.eval_prompts))
+    decision = verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], n)
     if decision["verdict"] == "reject" and budget["how"] == "all-within":
         # No calibration point lost quality, so the budget is only a lower bound: beyond it we do not know.
         decision = {"verdict": "uncertain", "extra_probes": None,
                     "reason": f"lower bound {m['ci_low']:.3e} is beyond the largest calibrated mismatch {budget['budget']:.3e}, "
                               "where no run lost quality; calibrate with larger mismatch to decide"}  # fmt: skip
     return {**decision, "mismatch_kl": m["mismatch_kl"],
-            "ci_low": m["ci_low"], "ci_high": m["ci_high"], "budget": budget["budget"], "probes": len(probes), "seconds": seconds,
+            "ci_low": m["ci_low"], "ci_high": m["ci_high"], "budget": budget["budget"], "probes": n, "seconds": seconds,
             "seconds_vs_calibration_run": seconds / budget["seconds_per_run"], **what_it_buys(pair.student, cfg)}  # fmt: skip
 
 
@@ -247,6 +267,7 @@ def main(argv=None) -> None:
     cal.add_argument("--steps", type=int, default=60, help="OPD steps per run (default 60)")
     cal.add_argument("--seeds", type=int, default=2, help="seeds per configuration (default 2)")
     cal.add_argument("--tolerance", type=float, default=0.05, help="allowed quality loss, as a fraction of the baseline's improvement (default 0.05)")
+    cal.add_argument("--probes", type=int, default=64, help="held-out probe prompts for each configuration's mismatch (default 64, as check)")
     cal.add_argument("--device", default="auto", help="auto | cpu | cuda")
     chk = sub.add_parser("check", help="measure a candidate rollout configuration and judge it against a budget")
     chk.add_argument("--budget", required=True, help="budget.json from calibrate")
@@ -262,10 +283,10 @@ def main(argv=None) -> None:
             raise BadInput(f"--pair {args.pair!r}: choose one of {', '.join(PAIRS)}")
         device = resolve_device(args.device)
         if args.cmd == "calibrate":
-            if args.steps < 1 or args.seeds < 1 or not 0 < args.tolerance < 1:
-                raise BadInput(f"--steps {args.steps} / --seeds {args.seeds} / --tolerance {args.tolerance}: need steps >= 1, seeds >= 1, 0 < tolerance < 1")
+            if args.steps < 1 or args.seeds < 1 or args.probes < 1 or not 0 < args.tolerance < 1:
+                raise BadInput(f"--steps {args.steps} / --seeds {args.seeds} / --probes {args.probes} / --tolerance {args.tolerance}: need steps, seeds, probes >= 1 and 0 < tolerance < 1")
             out = Path(args.out or f"budgets/{args.pair}")
-            budget = calibrate(args.pair, out, floats(args.noise_grid), [r for r in args.real.split(",") if r], args.steps, args.seeds, args.tolerance, device)
+            budget = calibrate(args.pair, out, floats(args.noise_grid), [r for r in args.real.split(",") if r], args.steps, args.seeds, args.tolerance, device, args.probes)
             print(f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance {budget['tolerance']['nats']:.3f} nats "
                   f"of eval reverse KL; wrote {out}/budget.json and {out}/budget.png")  # fmt: skip
             return

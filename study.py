@@ -23,7 +23,7 @@ Finished runs are reused and killed ones resume (train.run_or_resume), so any co
     python study.py validate --pair tiny     # ~10 min on a 2-core CPU
     python study.py rl                       # ~15 min
     python study.py prefix                   # ~6 min
-    python study.py async                    # smollm2, ~35 min
+    python study.py async                    # smollm2, ~25 min
     python study.py report
 """
 
@@ -91,6 +91,13 @@ def plt_axes(ncols: int, width: float = 5.0):
 
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 4), squeeze=False)
     return plt, fig, axes[0]
+
+
+def save_figure(plt, fig, path: Path, title: str) -> None:
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -181,10 +188,7 @@ def plot_rl(result: dict, path: Path) -> None:
         ax.axhline(0, color="k", lw=0.6)
         ax.set(xscale="log", xlabel="measured mismatch, nats/token (log)", ylabel="Δ vs the method's own fp32 run", title=title)
         ax.legend(fontsize=8)
-    fig.suptitle(f"OPD vs GRPO under the same rollout mismatch (tiny, {result['common']['steps']} steps; {result['device']})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, f"OPD vs GRPO under the same rollout mismatch (tiny, {result['common']['steps']} steps; {result['device']})")
 
 
 def rl_table(result: dict) -> str:
@@ -242,10 +246,7 @@ def plot_prefix(result: dict, path: Path) -> None:
     axes[1].set(xscale="log", xlabel="per-token mismatch, nats/token (log)", ylabel="final held-out RKL − same estimator at σ=0",
                 title="quality loss as σ grows")  # fmt: skip
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"Per-token vs prefix-shift mismatch under weight noise (tiny, {result['steps']} steps; {result['device']})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, f"Per-token vs prefix-shift mismatch under weight noise (tiny, {result['steps']} steps; {result['device']})")
 
 
 def prefix_table(result: dict) -> str:
@@ -328,10 +329,7 @@ def plot_async(result: dict, path: Path) -> None:
         ax.axhline(result["target_eval_rkl"], color="k", ls=":", lw=0.8, label="quality target")
         ax.set(xlabel=xl, ylabel="held-out reverse KL (nats/token)")
         ax.legend(fontsize=8)
-    fig.suptitle(f"Time to quality, {result['pair']}: MEASURED on {result['device']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, f"Time to quality, {result['pair']}: MEASURED on {result['device']}")
 
 
 def async_table(result: dict) -> str:
@@ -402,7 +400,7 @@ def main(argv=None) -> None:
         sp.add_argument("--seeds", type=int, default=1, help="seeds per run (default 1)")
     a = sub.add_parser("async", help="sync/async × bf16/fp8 time-to-quality")
     a.add_argument("--pair", default="smollm2", help=f"one of {', '.join(PAIRS)}")
-    a.add_argument("--steps", type=int, default=12, help="steps per run (default 12)")
+    a.add_argument("--steps", type=int, default=8, help="steps per run (default 8)")
     sub.add_parser("report", help="results/SUMMARY.md from the results")
     for sp in sub.choices.values():
         sp.add_argument("--device", default="auto", help="auto | cpu | cuda")

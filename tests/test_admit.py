@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from admit import fit_budget, isotonic, verdict
+from admit import SCHEMA_VERSION, fit_budget, isotonic, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def calibrated(tmp_path_factory):
 
 def test_calibrate_writes_a_valid_budget_and_plot(calibrated):
     budget = json.loads((calibrated / "budget.json").read_text())
-    assert budget["schema_version"] == 1 and budget["pair"] == "tiny" and budget["tolerance"]["fraction"] == 0.05
+    assert budget["schema_version"] == SCHEMA_VERSION and budget["pair"] == "tiny" and budget["tolerance"]["fraction"] == 0.05
     assert [p["source"] for p in budget["points"]] == ["baseline", "noise 0.01", "noise 0.1"]
     assert budget["points"][0]["mismatch"] == 0 and budget["points"][1]["mismatch"] < budget["points"][2]["mismatch"]
     assert budget["budget"] >= 0 and budget["how"] in ("crossing", "all-within", "none-within")
