@@ -184,15 +184,17 @@ def plot_budget(budget: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    floor = min((p["mismatch"] for p in budget["points"] if p["mismatch"] > 0), default=1e-6) / 3  # where zero (the baseline) is drawn
     for i, source in enumerate(dict.fromkeys(p["source"] for p in budget["points"])):
         pts = [p for p in budget["points"] if p["source"] == source]
-        ax.scatter([max(p["mismatch"], 1e-9) for p in pts], [p["quality_loss"] for p in pts], label=source, marker="os^vD<>p"[i % 8])
-    ax.plot([max(x, 1e-9) for x in budget["fit"]["mismatch"]], budget["fit"]["quality_loss"], "k-", lw=1, alpha=0.6, label="monotone fit")
+        ax.scatter([max(p["mismatch"], floor) for p in pts], [p["quality_loss"] for p in pts], label=source, marker="os^vD<>p"[i % 8])
+    ax.plot([max(x, floor) for x in budget["fit"]["mismatch"]], budget["fit"]["quality_loss"], "k-", lw=1, alpha=0.6, label="monotone fit")
     ax.axhline(budget["tolerance"]["nats"], color="C3", ls=":", label=f"tolerance ({budget['tolerance']['fraction']:.0%} of improvement)")
     if budget["budget"] > 0:
-        ax.axvline(budget["budget"], color="C3", ls="--", label=f"budget {budget['budget']:.2e}")
-    ax.set(xscale="log", xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token", ylabel="final held-out reverse KL − baseline",
-           title=f"{budget['pair']}: quality vs mismatch ({budget['steps']} steps, {budget['device']})")  # fmt: skip
+        ax.axvline(budget["budget"], color="C3", ls="--", label=f"budget {budget['budget']:.3g} ({budget['how']})")
+    ax.set(xscale="log", xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token\n(the baseline, 0, drawn at the left edge)",
+           ylabel="final held-out reverse KL − baseline")  # fmt: skip
+    ax.set_title(f"{budget['pair']}: quality vs mismatch, {budget['steps']} OPD steps × {budget['seeds']} seeds\n{budget['device']}", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
