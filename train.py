@@ -434,7 +434,10 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
         for step in bar:
             rec = train_step(pair, batches, cfg, optimizer, step, device)
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-                batches.wait()
+                t0 = time.time()
+                batches.wait()  # async: the next batch's sampling, which the next step would otherwise wait for
+                rec["seconds"] += time.time() - t0
+                rec["sample_seconds"] += time.time() - t0
                 t0 = time.time()
                 rec.update(evaluate(pair, cfg, device))
                 rec["eval_seconds"] = time.time() - t0
