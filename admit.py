@@ -183,7 +183,7 @@ def plot_budget(budget: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     floor = min((p["mismatch"] for p in budget["points"] if p["mismatch"] > 0), default=1e-6) / 3  # where zero (the baseline) is drawn
     for i, source in enumerate(dict.fromkeys(p["source"] for p in budget["points"])):
         pts = [p for p in budget["points"] if p["source"] == source]
@@ -195,7 +195,7 @@ def plot_budget(budget: dict, path: Path) -> None:
     ax.set(xscale="log", xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token\n(the baseline, 0, drawn at the left edge)",
            ylabel="final held-out reverse KL − baseline")  # fmt: skip
     ax.set_title(f"{budget['pair']}: quality vs mismatch, {budget['steps']} OPD steps × {budget['seeds']} seeds\n{budget['device']}", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the points fill the axes
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
