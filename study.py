@@ -104,18 +104,16 @@ def save_figure(plt, fig, path: Path, title: str) -> None:
 # validate
 
 # Candidates the default calibration never runs (it runs noise 0.003…1, fp8, kv-fp8, staleness 2).
-VALIDATION = {
-    "tiny": [("noise 0.2", {"noise": 0.2}), ("noise 0.4", {"noise": 0.4}), ("noise 0.7", {"noise": 0.7}), ("noise 2", {"noise": 2.0}),
-             ("fp8 + noise 0.05", {"weights": "fp8", "noise": 0.05}), ("fp8-emu", {"weights": "fp8-emu"}),
-             ("kv-fp8 unit scales", {"kv_cache": "fp8", "kv_scales": "unit"}), ("staleness 4", {"staleness": 4}),
-             ("fp8 all Linear + kv-fp8", {"weights": "fp8", "fp8_skip": (), "kv_cache": "fp8"}),
-             ("staleness 1 + noise 0.6", {"staleness": 1, "noise": 0.6})],
-}  # fmt: skip
+VALIDATION = [("noise 0.2", {"noise": 0.2}), ("noise 0.4", {"noise": 0.4}), ("noise 0.7", {"noise": 0.7}), ("noise 2", {"noise": 2.0}),
+              ("fp8 + noise 0.05", {"weights": "fp8", "noise": 0.05}), ("fp8-emu", {"weights": "fp8-emu"}),
+              ("kv-fp8 unit scales", {"kv_cache": "fp8", "kv_scales": "unit"}), ("staleness 4", {"staleness": 4}),
+              ("fp8 all Linear + kv-fp8", {"weights": "fp8", "fp8_skip": (), "kv_cache": "fp8"}),
+              ("staleness 1 + noise 0.6", {"staleness": 1, "noise": 0.6})]  # fmt: skip
 
 
 def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device: str) -> dict:
     budget = read_budget(budget_path, pair_name)
-    candidates = VALIDATION.get(pair_name) or VALIDATION["tiny"]
+    candidates = VALIDATION
     pair = load_pair(pair_name, device=device)
     base_cfg = pair_config(pair_name, device=device)
     verdicts = {}
