@@ -27,6 +27,7 @@ check      Measures a candidate configuration's canonical mismatch on held-out p
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from dataclasses import replace
@@ -142,7 +143,8 @@ def probe_mismatch(pair, cfg, n_probes: int, device) -> dict:
     return measure(engine, train, pair.tokenizer, probes, seed=cfg.seed)
 
 
-def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str, n_probes: int = 64) -> dict:
+def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str, n_probes: int = 64,
+              command: str = "") -> dict:
     plan = [(label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)]
     loaded = load_pair(pair, device=device)  # for the probe measurements
     points = []
@@ -162,7 +164,7 @@ def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, to
         p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
     fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
     budget = {
-        "schema_version": SCHEMA_VERSION, "pair": pair, "scale": SCALE, "device": device_label(device),
+        "schema_version": SCHEMA_VERSION, "pair": pair, "command": command, "scale": SCALE, "device": device_label(device),
         "tolerance": {"fraction": tolerance, "nats": tol, "of": "baseline improvement in held-out reverse KL over step 0"},
         "baseline": {"eval_rkl_start": points[0]["eval_rkl_start"], "eval_rkl_final": base_final, "improvement": improvement},
         "budget": fit["budget"], "how": fit["how"], "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
@@ -288,7 +290,9 @@ def main(argv=None) -> None:
             if args.steps < 1 or args.seeds < 1 or args.probes < 1 or not 0 < args.tolerance < 1:
                 raise BadInput(f"--steps {args.steps} / --seeds {args.seeds} / --probes {args.probes} / --tolerance {args.tolerance}: need steps, seeds, probes >= 1 and 0 < tolerance < 1")
             out = Path(args.out or f"budgets/{args.pair}")
-            budget = calibrate(args.pair, out, floats(args.noise_grid), [r for r in args.real.split(",") if r], args.steps, args.seeds, args.tolerance, device, args.probes)
+            command = shlex.join(["python", "admit.py", *(sys.argv[1:] if argv is None else argv)])  # recorded in budget.json
+            budget = calibrate(args.pair, out, floats(args.noise_grid), [r for r in args.real.split(",") if r], args.steps, args.seeds, args.tolerance,
+                               device, args.probes, command)  # fmt: skip
             print(f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance {budget['tolerance']['nats']:.3f} nats "
                   f"of eval reverse KL; wrote {out}/budget.json and {out}/budget.png")  # fmt: skip
             return

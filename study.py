@@ -357,7 +357,10 @@ def report() -> Path:
         path = Path("budgets") / pair / "budget.json"
         if path.exists():
             b = json.loads(path.read_text())
-            parts.append(f"## Budget: {pair}\n\n`python admit.py calibrate --pair {pair}`: budget **{b['budget']:.3g} nats/token** ({b['how']}); "
+            lower = b["how"] == "all-within"  # no run lost more than the tolerance: the budget is at least the largest mismatch tried
+            how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
+            command = b.get("command") or f"python admit.py calibrate --pair {pair}"
+            parts.append(f"## Budget: {pair}\n\n`{command}`: budget **{'≥ ' if lower else ''}{b['budget']:.3g} nats/token** ({how}); "
                          f"tolerance {b['tolerance']['nats']:.4f} nats ({b['tolerance']['fraction']:.0%} of the baseline's {b['baseline']['improvement']:.3f}-nat "
                          f"improvement); {len(b['points'])} runs of {b['steps']} steps; device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n")  # fmt: skip
     for path in sorted(RESULTS.glob("sensitivity_*.json")):
