@@ -63,6 +63,7 @@ def test_resume_repeats_an_uninterrupted_run(tmp_path):
         (["--pair", "tiny", "--steps", "0"], "--steps 0"),
         (["--pair", "tiny", "--prompts", "missing.jsonl"], "missing.jsonl"),
         (["--pair", "tiny", "--device", "tpu"], "--device 'tpu'"),
+        (["--pair", "tiny", "--tis-cap", "2"], "--tis-cap 2.0"),  # the analytic loss needs no TIS
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
@@ -76,6 +77,13 @@ def test_malformed_prompt_line_reports_its_number(tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": 5}\n')
     result = cli(*TINY, "--prompts", "p.jsonl", cwd=tmp_path)
     assert result.returncode == 2 and "p.jsonl:2:" in result.stderr
+
+
+def test_grpo_refuses_prompts_without_answers(tmp_path):
+    (tmp_path / "p.jsonl").write_text("".join(f'{{"prompt": "{i}+1="}}\n' for i in range(20)))
+    result = cli(*TINY, "--prompts", "p.jsonl", "--loss", "grpo", "--name", "g", cwd=tmp_path)
+    assert result.returncode == 2 and "--loss grpo needs a verifiable reward" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs" / "g" / "metrics.jsonl").exists()
 
 
 def test_existing_run_is_not_overwritten(tmp_path):
