@@ -5,7 +5,8 @@ calibrate  Short OPD runs of the same length and seeds under increasing mismatch
            point: its configuration's mismatch *measured exactly as check measures a candidate* (held-out
            probes, the untrained student; `probe_mismatch`), and its final held-out reverse KL. Measuring
            both the same way matters: the mean `mismatch_kl` over training is on other prompts and a moving
-           student, and on tiny it reads ~0.7× the probe number under weight noise. The
+           student, and its ratio to the probe number depends on the source (on tiny ~0.7× for weight
+           noise, 1.3–3.5× for fp8 weights, fp8 KV and staleness). The
            quality loss of a point is its final eval reverse KL minus that of the baseline run with the same
            seed: paired runs share prompts and sampling seeds, so seed-to-seed spread cancels.
            The tolerance is a fraction (default 5%) of the baseline's improvement over step 0.
@@ -36,7 +37,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from models import PAIRS, BadInput, format_prompt, load_pair
-from train import PAIR_DEFAULTS, add_rollout_args, device_label, pair_config, resolve_device, rollout_config_from_args, run_or_resume, run_seconds
+from train import PAIR_DEFAULTS, add_rollout_args, atomic_write_text, device_label, pair_config, resolve_device, rollout_config_from_args, run_or_resume, run_seconds
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
 SCALE = ("mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on the engine's samples of "
@@ -126,6 +127,14 @@ def run_point(records: list[dict]) -> dict:
             "seconds": run_seconds(records)}  # fmt: skip
 
 
+def short_run(out: Path, pair: str, name: str, seed: int, device: str, rollout_over: dict, **train_over) -> dict:
+    """One short OPD run of an experiment, run or reused in out/name: the pair's defaults, then train_over
+    and rollout_over, with `seed` for prompts, sampling and noise. Returns its run_point."""
+    cfg = pair_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **train_over)
+    cfg.rollout = replace(cfg.rollout, seed=seed, **rollout_over)
+    return run_point(run_or_resume(cfg))
+
+
 def probe_mismatch(pair, cfg, n_probes: int, device) -> dict:
     """A rollout configuration's canonical mismatch as check measures it: engine samples of the first n
     held-out prompts, against the pair's untrained student (a stale engine: the student `staleness` real
@@ -149,11 +158,8 @@ def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, to
     loaded = load_pair(pair, device=device)  # for the probe measurements
     points = []
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
-        name = f"{label.replace(' ', '_')}-seed{seed}"
-        cfg = pair_config(pair, steps=steps, eval_every=0, device=device, seed=seed, name=name, out_dir=str(out / "runs"))
-        cfg.rollout = replace(cfg.rollout, seed=seed, **over)
-        run = run_point(run_or_resume(cfg))
-        probe = probe_mismatch(loaded, cfg.rollout, n_probes, device)
+        run = short_run(out / "runs", pair, f"{label.replace(' ', '_')}-seed{seed}", seed, device, over, steps=steps, eval_every=0)
+        probe = probe_mismatch(loaded, replace(pair_config(pair).rollout, seed=seed, **over), n_probes, device)
         points.append({"source": label, "seed": seed, **over, **run, "train_mismatch": run["mismatch"], "mismatch": probe["mismatch_kl"],
                        "mismatch_ci": [probe["ci_low"], probe["ci_high"]]})  # fmt: skip
     base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
@@ -172,9 +178,7 @@ def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, to
         "steps": steps, "seeds": seeds, "probes": n_probes, "seconds_per_run": sum(p["seconds"] for p in points) / len(points), "points": points,
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "budget.json.tmp"
-    tmp.write_text(json.dumps(budget, indent=2) + "\n")
-    tmp.replace(out / "budget.json")
+    atomic_write_text(out / "budget.json", json.dumps(budget, indent=2) + "\n")
     plot_budget(budget, out / "budget.png")
     return budget
 

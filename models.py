@@ -166,11 +166,11 @@ def _tiny_batch(tokenizer, problems: list[Prompt]) -> tuple[torch.Tensor, torch.
 
 def exact_match_accuracy(model, tokenizer, problems: list[Prompt], max_new_tokens: int = 6) -> float:
     """Exact-match accuracy of greedy answers (real decoding through our sampler, no teacher forcing)."""
+    from rl import exact_match_rewards
     from rollout import RolloutConfig, generate
 
     rollout = generate(model, tokenizer, [format_prompt(tokenizer, p.text) for p in problems], RolloutConfig(temperature=0.0, max_new_tokens=max_new_tokens))
-    answers = rollout.responses(tokenizer)
-    return sum(a.strip() == p.answer for a, p in zip(answers, problems)) / len(problems)
+    return exact_match_rewards(rollout.responses(tokenizer), [p.answer for p in problems]).sum().item() / len(problems)
 
 
 def train_supervised(model, tokenizer, *, steps: int, lr: float, batch: int, seed: int) -> None:

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from admit import check, read_budget, run_point
+from admit import check, read_budget, short_run
 from models import PAIRS, BadInput, load_pair
-from train import device_label, pair_config, read_metrics, resolve_device, run_or_resume
+from train import atomic_write_text, device_label, pair_config, read_metrics, resolve_device, run_or_resume
 
 RESULTS = Path("results")
 
@@ -54,10 +54,8 @@ def sweep(out: Path, pair: str, plan: list[tuple[str, dict, dict]], seeds: int, 
     jobs = [(label, train_over, roll_over, seed) for label, train_over, roll_over in plan for seed in range(seeds)]
     points = []
     for label, train_over, roll_over, seed in tqdm(jobs, desc=desc, unit="run"):
-        name = f"{slug(label)}-seed{seed}"
-        cfg = pair_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **{**common, **train_over})
-        cfg.rollout = replace(cfg.rollout, seed=seed, **roll_over)
-        points.append({"label": label, "seed": seed, **train_over, **roll_over, **run_point(run_or_resume(cfg))})
+        run = short_run(out, pair, f"{slug(label)}-seed{seed}", seed, device, roll_over, **{**common, **train_over})
+        points.append({"label": label, "seed": seed, **train_over, **roll_over, **run})
     return points
 
 
@@ -77,9 +75,7 @@ def mean_by(points: list[dict], label: str, key: str) -> float:
 def write(name: str, result: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     return path
 
 

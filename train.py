@@ -317,6 +317,13 @@ def atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file, then rename: a reader sees the old file or the new one, never half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def read_metrics(path: Path, upto: int) -> list[dict]:
     """Metric lines with step <= upto; a torn last line from a killed run is dropped."""
     if not path.exists():
@@ -405,9 +412,7 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
         start = state["step"] + 1
         records = read_metrics(metrics_path, upto=state["step"])
         # Drop what the killed run logged after its last checkpoint; those steps are redone identically.
-        tmp = metrics_path.with_name("metrics.jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        os.replace(tmp, metrics_path)
+        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in records))
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path.unlink(missing_ok=True)  # only reachable for a fresh folder or a resume with no checkpoint yet
@@ -436,8 +441,9 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
             if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
                 t0 = time.time()
                 batches.wait()  # async: the next batch's sampling, which the next step would otherwise wait for
-                rec["seconds"] += time.time() - t0
-                rec["sample_seconds"] += time.time() - t0
+                waited = time.time() - t0
+                rec["seconds"] += waited
+                rec["sample_seconds"] += waited
                 t0 = time.time()
                 rec.update(evaluate(pair, cfg, device))
                 rec["eval_seconds"] = time.time() - t0
