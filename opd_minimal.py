@@ -21,6 +21,7 @@ The pair is the tiny addition pair committed in pairs/tiny/ (a 3-layer teacher, 
 import argparse
 import copy
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -90,13 +91,36 @@ def accuracy(model, tok, rng, n=256):
     return sum(t == a for t, a in zip(texts, answers)) / n
 
 
-def main():
-    ap = argparse.ArgumentParser(description="OPD with a noisy rollout engine, in one file.")
-    ap.add_argument("--steps", type=int, default=100, help="optimizer steps")
-    ap.add_argument("--noise", type=float, default=0.01, help="relative std of the engine's weight noise; 0 = exact copy")
-    ap.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (2e-3 makes the tiny student worse before better)")
-    ap.add_argument("--batch", type=int, default=64, help="responses per step")
-    args = ap.parse_args()
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # a bad flag is one line and exit code 2, not a usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def checked(kind, ok, accepted: str):
+    """An argparse type= that refuses values for which ok(x) is false (NaN fails every comparison)."""
+
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {accepted}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {accepted}")
+        return value
+
+    return convert
+
+
+def main(argv=None):
+    ap = Parser(description="OPD with a noisy rollout engine, in one file.")
+    ap.add_argument("--steps", type=checked(int, lambda x: x >= 1, "an integer >= 1"), default=100, help="optimizer steps")
+    ap.add_argument("--noise", type=checked(float, lambda x: 0 <= x < 1e3, "a number in [0, 1000)"), default=0.01,
+                    help="relative std of the engine's weight noise; 0 = exact copy")
+    ap.add_argument("--lr", type=checked(float, lambda x: 0 < x < 1, "a number in (0, 1)"), default=3e-4,
+                    help="AdamW learning rate")
+    ap.add_argument("--batch", type=checked(int, lambda x: x >= 1, "an integer >= 1"), default=64, help="responses per step")
+    args = ap.parse_args(argv)
 
     torch.manual_seed(0)
     gen, rng = torch.Generator().manual_seed(0), random.Random(0)

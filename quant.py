@@ -8,34 +8,40 @@ and read back as x̂ = q · s. Clamping before the cast matters: values beyond �
 NaN in float8_e4m3fn (it has no infinity). Scales are stored beside the data, in fp32.
 
 KV scales come from one of two places (`kv_scales`):
-    calibrated  amax/448 per layer and head, from one forward pass over probe prompts (`calibrate_kv_scales`)
+    calibrated  amax/448 per layer and head, measured on probe prompts (rollout.calibrate_kv_scales)
     unit        s = 1, what inference engines default to when a checkpoint ships no scales; keys and values
                 beyond ±448 saturate, and small ones lose precision in e4m3's subnormal range.
 
 Our cache attends to the *quantized* keys and values in prefill as well as in decode: every read goes
 through FP8, so the prompt and the response see the same precision. (Engines differ here; transformers'
-Fp8QuantizedLayer attends to the unquantized states in prefill.)
+Fp8QuantizedLayer attends to the unquantized states in prefill.) The e4m3 storage is preallocated and
+written in place; reads dequantize into one scratch buffer that all layers of a cache share, so the cache
+holds 1 byte per element plus one layer's worth of working space.
 
 FP8 weights go through torchao (`quantize_weights`: fp8 weight-only, fp8-dyn W8A8 on CUDA sm >= 8.9, and
-fp8-emu, a fake-quantized emulation of W8A8 that runs anywhere). `sensitivity` quantizes one decoder block
-at a time and builds a greedy skip recipe.
+fp8-emu, a fake-quantized emulation of W8A8 that runs anywhere).
 
     python quant.py kv-capacity --memory-gb 80    # KV tokens that fit: bf16 vs fp8 weights and KV cache
-    python quant.py sensitivity --pair smollm2    # FP8 one block at a time: ranking, bar plot, recipe
 """
 
-import argparse
 import fnmatch
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
-from models import BadInput
+from cli import BadInput, Parser, fail, positive_float
+from models import PAIRS, format_prompt, load_pair, n_params
+
+from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig  # isort: skip
+from torchao.quantization import PerRow, quantize_  # isort: skip
+from torchao.quantization.qat import Float8FakeQuantizeConfig, QATConfig  # isort: skip
+from transformers import DynamicCache  # isort: skip
+from transformers.cache_utils import Cache, DynamicLayer  # isort: skip
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448.0
 EPS = 1e-12
+FP8_WEIGHTS = ("fp8", "fp8-dyn", "fp8-emu")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -64,29 +70,86 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) ->
 class Fp8KVLayer(DynamicLayer):
     """One attention layer's cache: keys and values stored as e4m3 with fixed per-head scales [1, H, 1, 1].
 
-    update() quantizes the new states, appends them, and returns the dequantized keys and values of the
-    whole sequence (prefill included), in the dtype the model computes in.
+    update() quantizes the new states into preallocated e4m3 storage at the next positions (capacity doubles
+    when full, so a long rollout costs O(log T) reallocations, not one per token) and returns the
+    dequantized keys and values of the whole sequence, prefill included, in the dtype the model computes in.
+    The dequantized copy lives in `scratch`, a buffer shared by all layers of one cache and overwritten by
+    the next layer: attention consumes it before the next layer's update.
     """
 
-    def __init__(self, key_scale: torch.Tensor, value_scale: torch.Tensor):
+    def __init__(self, key_scale: torch.Tensor, value_scale: torch.Tensor, scratch: dict | None = None):
         super().__init__()
         self.key_scale, self.value_scale = key_scale, value_scale
+        self.scratch = {} if scratch is None else scratch
+        self.length = 0
+
+    @property
+    def keys(self) -> torch.Tensor:  # [B, H, T, D] e4m3: what is stored
+        return self.k_store[:, :, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.v_store[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value) -> None:  # the base class initialises keys and values to None; nothing else may set them
+        if value is not None:
+            raise AttributeError("Fp8KVLayer stores keys only through update()")
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("Fp8KVLayer stores values only through update()")
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        B, H, _, D = key_states.shape
-        self.keys = torch.empty(B, H, 0, D, dtype=FP8, device=self.device)
-        self.values = torch.empty(B, H, 0, D, dtype=FP8, device=self.device)
+        B, H, T, D = key_states.shape
+        self.k_store = torch.empty(B, H, max(T, 16), D, dtype=FP8, device=self.device)
+        self.v_store = torch.empty_like(self.k_store)
         self.key_scale = self.key_scale.to(self.device)
         self.value_scale = self.value_scale.to(self.device)
         self.is_initialized = True
 
+    def _grow(self, needed: int) -> None:
+        capacity = self.k_store.shape[2]
+        if needed > capacity:
+            new = max(needed, 2 * capacity)
+            for name in ("k_store", "v_store"):
+                old = getattr(self, name)
+                grown = torch.empty(*old.shape[:2], new, old.shape[3], dtype=FP8, device=self.device)
+                grown[:, :, : self.length] = old[:, :, : self.length]
+                setattr(self, name, grown)
+
+    def _read(self, name: str, store: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """Dequantize positions [0, length) into the shared scratch buffer; return a view of it."""
+        B, H, T, D = store.shape[0], store.shape[1], self.length, store.shape[3]
+        buf = self.scratch.get(name)
+        if buf is None or buf.numel() < B * H * T * D or buf.dtype != self.dtype:
+            buf = torch.empty(B * H * max(2 * T, 64) * D, dtype=self.dtype, device=self.device)
+            self.scratch[name] = buf
+        out_B_H_T_D = buf[: B * H * T * D].view(B, H, T, D)
+        if self.dtype == torch.float32:
+            torch.mul(store[:, :, :T].float(), scale, out=out_B_H_T_D)
+        else:  # multiply in fp32, then round once: exactly dequantize_fp8's numerics
+            out_B_H_T_D.copy_(store[:, :, :T].float() * scale)
+        return out_B_H_T_D
+
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat([self.keys, quantize_fp8(key_states, self.key_scale)], dim=-2)
-        self.values = torch.cat([self.values, quantize_fp8(value_states, self.value_scale)], dim=-2)
-        return dequantize_fp8(self.keys, self.key_scale, self.dtype), dequantize_fp8(self.values, self.value_scale, self.dtype)
+        new = key_states.shape[2]
+        self._grow(self.length + new)
+        self.k_store[:, :, self.length : self.length + new] = quantize_fp8(key_states, self.key_scale)
+        self.v_store[:, :, self.length : self.length + new] = quantize_fp8(value_states, self.value_scale)
+        self.length += new
+        return self._read("k", self.k_store, self.key_scale), self._read("v", self.v_store, self.value_scale)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def reset(self) -> None:
+        self.length = 0
+        self.is_initialized = False
 
 
 @dataclass
@@ -103,33 +166,37 @@ class KVScales:
 
 
 def fp8_kv_cache(scales: KVScales) -> Cache:
-    return Cache(layers=[Fp8KVLayer(k, v) for k, v in zip(scales.keys, scales.values)])
+    scratch = {}  # one dequantization buffer for all layers
+    return Cache(layers=[Fp8KVLayer(k, v, scratch) for k, v in zip(scales.keys, scales.values)])
 
 
-class _AmaxRecorder(DynamicLayer):
-    """A bf16/fp32 cache layer that also records amax(|k|), amax(|v|) per head over everything it sees."""
+class AmaxRecorder(DynamicLayer):
+    """A bf16/fp32 cache layer that also records amax(|k|), amax(|v|) per head over everything it sees
+    (rollout.calibrate_kv_scales turns them into scales)."""
 
     def update(self, key_states, value_states, *args, **kwargs):
-        k_amax, v_amax = fp8_scale(key_states, (0, 2, 3)) * FP8_MAX, fp8_scale(value_states, (0, 2, 3)) * FP8_MAX
+        k_amax = fp8_scale(key_states, (0, 2, 3)) * FP8_MAX
+        v_amax = fp8_scale(value_states, (0, 2, 3)) * FP8_MAX
         self.k_amax = torch.maximum(getattr(self, "k_amax", k_amax), k_amax)
         self.v_amax = torch.maximum(getattr(self, "v_amax", v_amax), v_amax)
         return super().update(key_states, value_states, *args, **kwargs)
 
 
-@torch.no_grad()
-def calibrate_kv_scales(model, tokenizer, prompts: list[str], cfg) -> KVScales:
-    """amax/448 per layer and head over a short sampled rollout of the probe prompts (prompt and response)."""
-    from rollout import generate
+def scales_from_amax(layers: list[AmaxRecorder]) -> KVScales:
+    """s = amax / 448 per layer and head (eps-clamped)."""
+    keys = [(layer.k_amax / FP8_MAX).clamp(min=EPS).cpu() for layer in layers]
+    return KVScales(keys, [(layer.v_amax / FP8_MAX).clamp(min=EPS).cpu() for layer in layers])
 
-    layers = [_AmaxRecorder() for _ in range(model.config.num_hidden_layers)]
-    generate(model, tokenizer, prompts, cfg, generator=torch.Generator(next(model.parameters()).device).manual_seed(cfg.seed), cache=Cache(layers=layers))
-    return KVScales([(l.k_amax / FP8_MAX).clamp(min=EPS).cpu() for l in layers], [(l.v_amax / FP8_MAX).clamp(min=EPS).cpu() for l in layers])
+
+# ---------------------------------------------------------------------------------------------------
+# KV memory arithmetic
 
 
 def kv_bytes_per_token(config, kv_cache: str, dtype_bytes: int = 2) -> float:
     """Bytes one token occupies in the KV cache, all layers: 2 (K and V) × L × H_kv × D × element size.
 
-    The fp8 cache's per-head scales (2 × L × H_kv fp32 numbers) are stored once, not per token.
+    kv_cache "fp8" is 1 byte; anything else is `dtype_bytes` (2 for bf16, 4 for fp32). The fp8 cache's
+    per-head scales (2 × L × H_kv fp32 numbers) are stored once, not per token.
     """
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     elems = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
@@ -183,41 +250,39 @@ def cache_bytes(cache) -> int:
 
 
 @torch.no_grad()
-def measured_kv_bytes(model, tokenizer, prompts: list[str], new_tokens: int = 32) -> dict:
-    """Bytes per cached token of a real rollout, bf16 cache vs our fp8 cache (scales included)."""
-    import copy
-
-    from transformers import DynamicCache
-
-    from rollout import RolloutConfig, generate
-
-    cfg = RolloutConfig(max_new_tokens=new_tokens, ignore_eos=True)
-    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+def measured_kv_bytes(model, tokenizer, prompts: list[str]) -> dict:
+    """Bytes per cached token after one forward pass over the prompts: bf16 cache vs our fp8 cache."""
+    enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
     caches = {"bf16": DynamicCache(config=model.config), "fp8": fp8_kv_cache(KVScales.unit(model.config))}
     out = {}
     for kind, cache in caches.items():
-        generate(bf16_model if kind == "bf16" else model, tokenizer, prompts, cfg, cache=cache)
+        runner = model.to(torch.bfloat16) if kind == "bf16" else model.float()
+        runner(input_ids=enc.input_ids, attention_mask=enc.attention_mask, cache=cache, use_cache=True)
         tokens = cache.layers[0].keys.shape[0] * cache.layers[0].keys.shape[2]  # batch × cached positions
         out[kind] = cache_bytes(cache) / tokens
+    model.float()
     return out
 
 
 def print_kv_capacity(memory_gb: float, shapes) -> None:
     memory = memory_gb * 2**30
     print(f"KV tokens that fit in {memory_gb:g} GiB after the weights (weights / KV cache):")
-    print(f"{'model':<26}{'KV B/token bf16':>16}{'bf16/bf16':>12}{'bf16/fp8':>12}{'fp8/bf16':>12}{'fp8/fp8':>12}{'fp8 KV ÷ bf16 KV':>18}")
+    header = ["KV B/token bf16", "bf16/bf16", "bf16/fp8", "fp8/bf16", "fp8/fp8", "fp8 KV ÷ bf16 KV"]
+    print(f"{'model':<26}" + "".join(f"{h:>{18 if h.startswith('fp8 KV') else 16 if 'B/' in h else 12}}" for h in header))
     for s in shapes:
         c = kv_capacity(s, memory)
-        bf16_bf16 = c[("bf16", "bf16")] or c[("fp8", "bf16")]  # compare at bf16 weights when they fit, else at fp8
-        ratio = f"{(c[('bf16', 'fp8')] or c[('fp8', 'fp8')]) / bf16_bf16:.3f}x" if bf16_bf16 else "does not fit"
-        print(f"{s.name:<26}{kv_bytes_per_token(s, 'bf16'):>16,.0f}{c[('bf16', 'bf16')]:>12,}{c[('bf16', 'fp8')]:>12,}"
-              f"{c[('fp8', 'bf16')]:>12,}{c[('fp8', 'fp8')]:>12,}{ratio:>18}")  # fmt: skip
+        bf16_kv = c[("bf16", "bf16")] or c[("fp8", "bf16")]  # compare at bf16 weights when they fit, else fp8
+        fp8_kv = c[("bf16", "fp8")] or c[("fp8", "fp8")]
+        ratio = f"{fp8_kv / bf16_kv:.3f}x" if bf16_kv else "does not fit"
+        cells = [c[("bf16", "bf16")], c[("bf16", "fp8")], c[("fp8", "bf16")], c[("fp8", "fp8")]]
+        print(f"{s.name:<26}{kv_bytes_per_token(s, 'bf16'):>16,.0f}" + "".join(f"{x:>12,}" for x in cells) + f"{ratio:>18}")
 
 
 def shape_of(name: str, model) -> ModelShape:
     c = model.config
-    return ModelShape(name, sum(p.numel() for p in model.parameters()), c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-                      c.hidden_size, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)  # fmt: skip
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return ModelShape(name, n_params(model), c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                      c.hidden_size, head_dim)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -230,6 +295,24 @@ def fp8_dyn_available() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
+def fp8_linear_size(model, skip=DEFAULT_SKIP) -> tuple[int, int]:
+    """(weight elements, output rows) of the Linear layers quantize_weights would put in FP8."""
+    linears = [m for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and not any(fnmatch.fnmatch(name, pat) for pat in skip)]
+    return sum(m.weight.numel() for m in linears), sum(m.weight.shape[0] for m in linears)
+
+
+def fp8_config(mode: str):
+    """The torchao config of an FP8 weight mode (see quantize_weights)."""
+    if mode == "fp8":
+        return Float8WeightOnlyConfig(granularity=PerRow())
+    if mode == "fp8-dyn":
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    # hp_value_lb: an all-zero row (a padding position) would otherwise get scale 0 and turn into NaN.
+    fake = Float8FakeQuantizeConfig(granularity=PerRow(), hp_value_lb=EPS)
+    return QATConfig(activation_config=fake, weight_config=fake, step="prepare")
+
+
 def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
     """Quantize the Linear layers of `model` in place with torchao; modules matching a `skip` pattern stay.
 
@@ -240,142 +323,46 @@ def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
              computes in high precision. Same rounding, none of the speed.
     Embeddings are not Linear layers and are never touched.
     """
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, PerRow, quantize_
-    from torchao.quantization.qat import Float8FakeQuantizeConfig, QATConfig
-
+    if mode not in FP8_WEIGHTS:
+        raise BadInput(f"weights {mode!r}: choose one of {', '.join(FP8_WEIGHTS)}")
     if mode == "fp8-dyn" and not fp8_dyn_available():
-        raise BadInput("weights 'fp8-dyn' needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); use 'fp8' or the emulation 'fp8-emu' here")
-    configs = {
-        "fp8": lambda: Float8WeightOnlyConfig(granularity=PerRow()),
-        "fp8-dyn": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-        # hp_value_lb: an all-zero row (a padding position) would otherwise get scale 0 and turn into NaN.
-        "fp8-emu": lambda: QATConfig(activation_config=Float8FakeQuantizeConfig(granularity=PerRow(), hp_value_lb=EPS),
-                                     weight_config=Float8FakeQuantizeConfig(granularity=PerRow(), hp_value_lb=EPS), step="prepare"),  # fmt: skip
-    }
+        raise BadInput("weights 'fp8-dyn' needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); "
+                       "use 'fp8' or the emulation 'fp8-emu' here")
 
     def keep_in_fp8(module, name: str) -> bool:
         return isinstance(module, torch.nn.Linear) and not any(fnmatch.fnmatch(name, pat) for pat in skip)
 
-    quantize_(model, configs[mode](), filter_fn=keep_in_fp8)
+    quantize_(model, fp8_config(mode), filter_fn=keep_in_fp8)
     return model
 
 
 # ---------------------------------------------------------------------------------------------------
-# Per-layer FP8 sensitivity and a greedy skip recipe
-
-
-def block_skip(n_layers: int, quantized: set[int]) -> tuple:
-    """fp8_skip patterns that leave exactly the decoder blocks in `quantized` to FP8 (lm_head always kept)."""
-    return ("lm_head", *(f"model.layers.{i}.*" for i in range(n_layers) if i not in quantized))
-
-
-def block_params(model, i: int) -> int:
-    return sum(p.numel() for name, p in model.named_parameters() if name.startswith(f"model.layers.{i}.") and p.dim() == 2)
-
-
-def sensitivity(pair, mode: str, n_probes: int, target: float | None = None, max_new_tokens: int = 48, progress: bool = True) -> dict:
-    """Mismatch with one decoder block in FP8 at a time, and a greedy recipe meeting `target`.
-
-    Greedy recipe: quantize every block, then keep the most sensitive blocks in high precision, one at a
-    time in ranking order, until the measured mismatch falls under `target` (default: half of all-FP8).
-    """
-    from tqdm import tqdm
-
-    from mismatch import measure
-    from models import format_prompt
-    from rollout import RolloutConfig, RolloutEngine
-
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
-    n = pair.student.config.num_hidden_layers
-
-    def mismatch(quantized: set[int]) -> float:
-        cfg = RolloutConfig(weights=mode, fp8_skip=block_skip(n, quantized), max_new_tokens=max_new_tokens)
-        engine = RolloutEngine(pair.student, pair.tokenizer, cfg)
-        engine.sync(pair.student, 0)
-        return measure(engine, pair.student, pair.tokenizer, probes)["mismatch_kl"]
-
-    per_block = [mismatch({i}) for i in tqdm(range(n), desc=f"{mode} one block at a time", disable=not progress)]
-    ranking = sorted(range(n), key=lambda i: -per_block[i])
-    all_fp8 = mismatch(set(range(n)))
-    target = all_fp8 / 2 if target is None else target
-    kept, current, steps = [], all_fp8, [(0, all_fp8)]
-    for i in ranking:
-        if current <= target:
-            break
-        kept.append(i)
-        current = mismatch(set(range(n)) - set(kept))
-        steps.append((len(kept), current))
-    linear = sum(block_params(pair.student, i) for i in range(n))
-    return {"mode": mode, "per_block": per_block, "ranking": ranking, "all_fp8": all_fp8, "target": target, "kept_high_precision": kept,
-            "recipe_mismatch": current, "greedy_path": steps,
-            "kept_fraction_of_block_weights": sum(block_params(pair.student, i) for i in kept) / linear}  # fmt: skip
-
-
-def plot_sensitivity(result: dict, path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(5, 0.3 * len(result["per_block"])), 3.5))
-    ax.bar(range(len(result["per_block"])), result["per_block"], color=["C3" if i in result["kept_high_precision"] else "C0" for i in range(len(result["per_block"]))])
-    ax.set(xlabel="decoder block quantized alone (red: kept high precision by the recipe)", ylabel="KL(engine ‖ train), nats/token", title=title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+# Command line
 
 
 def main(argv=None) -> None:
-    import json
-    import sys
-
-    from models import load_pair
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    cap = sub.add_parser("kv-capacity", help="KV tokens that fit in a memory budget: bf16 vs fp8 weights and KV cache")
-    cap.add_argument("--memory-gb", type=float, default=80.0, help="memory budget in GiB (default 80, one H100)")
-    cap.add_argument("--pairs", default="tiny,smollm2", help="embedded pairs to include (comma-separated; '' = none)")
-    sens = sub.add_parser("sensitivity", help="mismatch with one decoder block in FP8 at a time; ranking, bar plot, greedy recipe")
-    sens.add_argument("--pair", default="tiny", help="tiny | smollm2")
-    sens.add_argument("--weights", default="fp8", help="fp8 | fp8-emu | fp8-dyn (CUDA)")
-    sens.add_argument("--probes", type=int, default=16, help="held-out probe prompts (default 16)")
-    sens.add_argument("--max-new-tokens", type=int, default=32, help="response length of the probes (default 32)")
-    sens.add_argument("--target", type=float, help="recipe target mismatch, nats/token (default: half the all-FP8 mismatch)")
-    sens.add_argument("--out", default="results", help="folder for the plot and JSON (default results)")
+    cap = sub.add_parser("kv-capacity", help="KV tokens that fit in a memory budget: bf16 vs fp8 weights and KV")
+    cap.add_argument("--memory-gb", type=positive_float, default=80.0, help="memory budget in GiB (default: %(default)s, one H100)")
+    cap.add_argument("--pairs", default="tiny,smollm2", help="embedded pairs to include, comma-separated ('' = none; default: %(default)s)")
     args = parser.parse_args(argv)
+    names = [n for n in args.pairs.split(",") if n]
+    shapes, measured = [], []
     try:
-        if args.cmd == "sensitivity":
-            if args.weights not in ("fp8", "fp8-emu", "fp8-dyn"):
-                raise BadInput(f"--weights {args.weights!r}: choose fp8, fp8-emu or fp8-dyn")
-            from pathlib import Path
-
-            pair = load_pair(args.pair)
-            result = sensitivity(pair, args.weights, args.probes, args.target, args.max_new_tokens)
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            plot_sensitivity(result, out / f"sensitivity_{args.pair}_{args.weights}.png", f"{args.pair}: FP8 ({args.weights}) one block at a time, cpu")
-            (out / f"sensitivity_{args.pair}_{args.weights}.json").write_text(json.dumps(result, indent=2) + "\n")
-            print(f"{args.pair} {args.weights}: all blocks FP8 -> {result['all_fp8']:.3e} nats/token")
-            print("ranking (block: mismatch alone): " + ", ".join(f"{i}: {result['per_block'][i]:.2e}" for i in result["ranking"]))
-            print(f"greedy recipe: keep blocks {result['kept_high_precision']} in high precision -> {result['recipe_mismatch']:.3e} "
-                  f"(target {result['target']:.3e}); {result['kept_fraction_of_block_weights']:.0%} of block weights kept")  # fmt: skip
-            return
-        if args.memory_gb <= 0:
-            raise BadInput(f"--memory-gb {args.memory_gb}: must be positive")
-        from models import format_prompt
-
-        shapes, measured = [], []
-        for name in filter(None, args.pairs.split(",")):
+        for name in names:
+            if name not in PAIRS:
+                raise BadInput(f"--pairs {args.pairs!r}: {name!r} is not a pair; choose from {', '.join(PAIRS)}")
+        for name in names:
             pair = load_pair(name)
             shapes += [shape_of(f"{name} teacher", pair.teacher), shape_of(f"{name} student", pair.student)]
             prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:4]]
             measured.append((f"{name} student", measured_kv_bytes(pair.student, pair.tokenizer, prompts)))
     except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)
     for name, m in measured:
-        print(f"measured KV memory, {name}: bf16 {m['bf16']:,.1f} B/token, fp8 {m['fp8']:,.1f} B/token with scales ({m['fp8'] / m['bf16']:.3f}x)")
+        print(f"measured KV memory, {name}: bf16 {m['bf16']:,.1f} B/token, fp8 {m['fp8']:,.1f} B/token with "
+              f"scales ({m['fp8'] / m['bf16']:.3f}x)")
     print_kv_capacity(args.memory_gb, shapes + KNOWN_SHAPES)
 
 

@@ -1,34 +1,40 @@
 """The rollout engine: our own sampler loop over a Hugging Face causal LM, returning a `Rollout`.
 
-How it works: one *prefill* call runs the whole (left-padded) prompt batch through the model and fills a
-transformers `Cache`; then one *decode* call per new token feeds only the token just sampled. Only the
-last position's logits are computed (`logits_to_keep=1`), and the loop stops as soon as every row has
-emitted EOS. Because the KV cache is a transformers `Cache` object, a different cache (for example an
-FP8 one) can be swapped in without touching the loop.
+How it works: one *prefill* call runs the whole (left-padded) prompt batch through the model's decoder and
+fills a transformers `Cache`; then one *decode* call per new token feeds only the token just sampled. The
+output head is applied to the last position only, as `W @ h.T` (on CPU `F.linear` of a [4, 576] batch
+with the [49152, 576] head takes 2.5× as long), and the loop stops as soon as every row has emitted EOS.
+Because the KV cache is a transformers `Cache`, a different cache (the FP8 one) swaps in untouched.
 
 Which distribution the log-probs come from (every mismatch number depends on this):
     logprobs[b, t] = log q(y_t | prefix), where q is the distribution the token was actually drawn from:
         q = softmax(logits / temperature), then, if top_p < 1, restricted to the nucleus (the smallest
         set of most likely tokens whose mass reaches top_p) and renormalised over it.
     With temperature 1 and top_p 1 (the training defaults), q is exactly the policy π(·|prefix).
-    Top-p truncation *raises* the log-prob of kept tokens (they are renormalised) and gives the cut
-    tokens probability 0; a trainer that ignores truncation will see that as mismatch.
     Greedy (temperature 0) has a degenerate q, so it reports log π(y_t | prefix) at temperature 1.
+    engine_logits[n, :] = the engine's fp32 logits at the n-th response token (row-major), recorded while
+        decoding: the exact policy the token was drawn from (at temperature 1), so mismatch.py computes
+        KL(π_engine ‖ π_train) from what the engine really computed, not from a re-scoring (a one-pass
+        re-scoring rounds differently under bf16 or FP8: up to 7% off the KL). Cost: 4·V bytes a token
+        (smollm2: 197 KB; a batch of 8 × 48 tokens, 75 MB); above RolloutConfig.record_gb the engine records
+        nothing and the caller must re-score (approximately).
 
     python rollout.py --pair tiny --n 4    # sample a few responses and print them with their log-probs
 """
 
-import argparse
 import copy
-import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import DynamicCache
 
-from models import BadInput, format_prompt
+from cli import BadInput, NonFinite, Parser, fail, fraction, nonneg_float, nonneg_int, positive_int
+from models import PAIRS, format_prompt, load_pair
+from quant import AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, scales_from_amax
+
+from transformers import DynamicCache  # isort: skip
+from transformers.cache_utils import Cache  # isort: skip
 
 WEIGHTS = ("fp32", "bf16", "fp8", "fp8-dyn", "fp8-emu")  # engine weight precision (quant.py has the FP8 ones)
 KV_CACHES = ("model", "fp8")  # model = keys/values in the engine's compute dtype; fp8 = quant.Fp8KVLayer
@@ -37,12 +43,12 @@ KV_SCALES = ("calibrated", "unit")
 
 @dataclass
 class RolloutConfig:
-    """Everything that decides how the engine samples. Saved with every run."""
+    """Everything that decides how the engine samples. Saved with every run; every CLI default comes from here."""
 
     temperature: float = 1.0  # 0 = greedy (argmax); 1 = the policy itself
     top_p: float = 1.0  # nucleus sampling; 1 = no truncation
-    max_new_tokens: int = 48  # response length limit (EOS usually ends a row earlier)
-    seed: int = 0  # seeds the sampling generator when the caller passes none
+    max_new_tokens: int = 48  # response length limit (EOS usually ends a row earlier); pairs set their own
+    seed: int = 0  # seeds the sampling generator when the caller passes none, and the weight noise
     ignore_eos: bool = False  # keep sampling past EOS (for benchmarks that need a fixed length)
     weights: str = "fp32"  # engine weight precision: fp32 | bf16 | fp8 (weight-only) | fp8-dyn (W8A8, CUDA) | fp8-emu
     fp8_skip: tuple = ("lm_head",)  # module-name patterns (fnmatch) kept in high precision under fp8 weights
@@ -50,6 +56,7 @@ class RolloutConfig:
     kv_scales: str = "calibrated"  # fp8 KV scales: calibrated (amax/448 on probe prompts) | unit (1.0)
     staleness: int = 0  # optimizer steps the engine's weights lag behind the trainer; 0 = synchronous
     noise: float = 0.0  # relative std of Gaussian noise on the engine's weights; 0 = none
+    record_gb: float = 2.0  # largest recorded engine distributions per batch (GiB); beyond it, re-score
 
     def __post_init__(self):
         checks = [
@@ -60,7 +67,7 @@ class RolloutConfig:
             (self.kv_cache in KV_CACHES, f"kv_cache {self.kv_cache!r}: choose one of {', '.join(KV_CACHES)}"),
             (self.kv_scales in KV_SCALES, f"kv_scales {self.kv_scales!r}: choose one of {', '.join(KV_SCALES)}"),
             (self.staleness >= 0, f"staleness {self.staleness}: must be >= 0 (0 = synchronous)"),
-            (self.noise >= 0, f"noise {self.noise}: must be >= 0 (0 = no noise)"),
+            (0 <= self.noise < float("inf"), f"noise {self.noise}: must be a finite number >= 0 (0 = no noise)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -77,6 +84,8 @@ class Rollout:
     response_mask[B, P+N]: 1 on sampled tokens up to and including EOS.
     logprobs[B, P+N]: the engine's log-prob of each sampled token (0 elsewhere); see the module docstring.
     version: the trainer step whose weights the engine used.
+    engine_logits[R, V]: the engine's fp32 logits at each of the R response tokens, in row-major order
+        (the order of response_mask[:, 1:].bool()); None when it was not recorded.
     """
 
     tokens: torch.Tensor
@@ -85,12 +94,17 @@ class Rollout:
     logprobs: torch.Tensor
     version: int
     prompt_len: int
+    engine_logits: torch.Tensor | None = None
 
     def responses(self, tokenizer) -> list[str]:
         """Decoded response texts (special tokens such as EOS dropped)."""
         resp = self.tokens[:, self.prompt_len :]
         mask = self.response_mask[:, self.prompt_len :].bool()
         return [tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(resp, mask)]
+
+    def targets(self) -> torch.Tensor:
+        """[B, T−1] bool: which next tokens are response tokens (position t−1's output predicts token t)."""
+        return self.response_mask[:, 1:].bool()
 
     def to(self, device) -> "Rollout":
         moved = {k: v.to(device) if torch.is_tensor(v) else v for k, v in self.__dict__.items()}
@@ -101,9 +115,12 @@ class Rollout:
 # Sampling one token
 
 
-def sample_next(logits_B_V: torch.Tensor, cfg: RolloutConfig, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(logits_B_V: torch.Tensor, cfg: RolloutConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return (token_B, logprob_B) with logprob from the sampling distribution q."""
     logits_B_V = logits_B_V.float()
+    if not torch.isfinite(logits_B_V).all():
+        raise NonFinite("the rollout engine produced non-finite logits (NaN or inf): its weights are broken "
+                        "(too much --noise, or a diverged student)")
     if cfg.temperature == 0:
         token_B = logits_B_V.argmax(-1)
         return token_B, torch.log_softmax(logits_B_V, -1).gather(-1, token_B[:, None]).squeeze(-1)
@@ -125,6 +142,40 @@ def top_p_filter(logp_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------
+# The output head, and scoring a rollout under a model
+
+
+def head(model, h_N_H: torch.Tensor) -> torch.Tensor:
+    """The output head, with final-logit softcapping where the architecture has it (Gemma)."""
+    logits_N_V = model.get_output_embeddings()(h_N_H)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return cap * torch.tanh(logits_N_V / cap) if cap else logits_N_V
+
+
+def decode_head(model, h_B_H: torch.Tensor) -> torch.Tensor:
+    """head() for a few rows: `W @ h.T` runs at memory speed where F.linear's small-batch GEMM does not.
+    Quantized heads (a torchao weight) go through the module as usual."""
+    lm = model.get_output_embeddings()
+    if type(lm.weight) is not torch.nn.Parameter or lm.bias is not None:
+        return head(model, h_B_H)
+    logits_B_V = (lm.weight @ h_B_H.T).T
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return cap * torch.tanh(logits_B_V / cap) if cap else logits_B_V
+
+
+def response_hidden(model, rollout: Rollout, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final hidden states at the positions that predict response tokens, and those tokens, in one pass.
+
+    Returns h_N_H and y_N, N = response tokens in the batch (row-major). `cache`: an empty KV cache to score
+    through (the engine's FP8 cache, so its rounding is included).
+    """
+    out = model.get_decoder()(input_ids=rollout.tokens, attention_mask=rollout.attention_mask,
+                              position_ids=positions(rollout.attention_mask), cache=cache, use_cache=cache is not None)
+    target_B_T = rollout.targets()
+    return out.last_hidden_state[:, :-1][target_B_T], rollout.tokens[:, 1:][target_B_T]
+
+
+# ---------------------------------------------------------------------------------------------------
 # The prefill/decode loop
 
 
@@ -135,16 +186,18 @@ def positions(attention_mask_B_T: torch.Tensor) -> torch.Tensor:
 
 
 def prefill(model, ids_B_P, attn_B_P, cache) -> torch.Tensor:
-    """Run the prompts through the model, filling `cache`; return the last position's logits [B, V]."""
-    out = model(input_ids=ids_B_P, attention_mask=attn_B_P, position_ids=positions(attn_B_P), cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1]
+    """Run the prompts through the decoder, filling `cache`; return the last position's logits [B, V]."""
+    out = model.get_decoder()(input_ids=ids_B_P, attention_mask=attn_B_P, position_ids=positions(attn_B_P),
+                              cache=cache, use_cache=True)
+    return decode_head(model, out.last_hidden_state[:, -1])
 
 
 def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
     """Feed one new token per row (its mask bit is already in attn_B_T); return next-token logits [B, V]."""
     pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
-    out = model(input_ids=token_B[:, None], attention_mask=attn_B_T, position_ids=pos_B_1, cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1]
+    out = model.get_decoder()(input_ids=token_B[:, None], attention_mask=attn_B_T, position_ids=pos_B_1,
+                              cache=cache, use_cache=True)
+    return decode_head(model, out.last_hidden_state[:, -1])
 
 
 def encode_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,31 +208,33 @@ def encode_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, t
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], cfg: RolloutConfig, generator: torch.Generator | None = None,
-             version: int = 0, cache=None) -> Rollout:  # fmt: skip
+             version: int = 0, cache=None, record: bool = False) -> Rollout:
     """Sample one response per (already formatted) prompt with our prefill/decode loop.
 
-    `cache` lets a caller supply another transformers Cache (default: DynamicCache). The model is used as
-    is: the caller owns its dtype and device.
+    `cache`: another transformers Cache (default DynamicCache). `record`: keep the engine's logits at every
+    response token (Rollout.engine_logits), unless B × max_new_tokens × V × 4 bytes exceeds cfg.record_gb.
+    The model is used as is: the caller owns its dtype and device.
     """
     device = next(model.parameters()).device
-    if generator is None:
-        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed) if generator is None else generator
     ids_B_P, attn_B_P = encode_prompts(tokenizer, prompts, device)
     B, P = ids_B_P.shape
-    N = cfg.max_new_tokens
-    eos = tokenizer.eos_token_id
+    N, eos = cfg.max_new_tokens, tokenizer.eos_token_id
     cache = DynamicCache(config=model.config) if cache is None else cache
-
+    record = record and B * N * model.config.vocab_size * 4 <= cfg.record_gb * 2**30
     tokens_B_N = torch.full((B, N), tokenizer.pad_token_id, dtype=torch.long, device=device)
     logprobs_B_N = torch.zeros(B, N, device=device)
     alive_B_N = torch.zeros(B, N, dtype=torch.bool, device=device)  # response mask: sampled, up to EOS
     alive_B = torch.ones(B, dtype=torch.bool, device=device)
     # Generated positions stay attended even after EOS (as HF generate does); only the final mask hides them.
     attn_B_T = torch.cat([attn_B_P, torch.ones(B, N, dtype=attn_B_P.dtype, device=device)], dim=1)
+    recorded = []  # [B, V] fp32 logits per step
 
     logits_B_V = prefill(model, ids_B_P, attn_B_P, cache)
     for t in range(N):
         token_B, logprob_B = sample_next(logits_B_V, cfg, generator)
+        if record:
+            recorded.append(logits_B_V.float())
         tokens_B_N[:, t] = torch.where(alive_B, token_B, tokenizer.pad_token_id)
         logprobs_B_N[:, t] = torch.where(alive_B, logprob_B, 0.0)
         alive_B_N[:, t] = alive_B
@@ -189,15 +244,25 @@ def generate(model, tokenizer, prompts: list[str], cfg: RolloutConfig, generator
             break
         logits_B_V = decode(model, tokens_B_N[:, t], attn_B_T[:, : P + t + 1], cache)
 
-    response_mask = torch.cat([torch.zeros_like(attn_B_P, dtype=torch.bool), alive_B_N], dim=1)
+    engine_logits = torch.stack(recorded, 1)[alive_B_N[:, : len(recorded)]] if record else None  # [R, V]
     return Rollout(
         tokens=torch.cat([ids_B_P, tokens_B_N], dim=1),
         attention_mask=torch.cat([attn_B_P.bool(), alive_B_N], dim=1).long(),
-        response_mask=response_mask.long(),
+        response_mask=torch.cat([torch.zeros_like(attn_B_P, dtype=torch.bool), alive_B_N], dim=1).long(),
         logprobs=torch.cat([torch.zeros(B, P, device=device), logprobs_B_N], dim=1),
         version=version,
         prompt_len=P,
+        engine_logits=engine_logits,
     )
+
+
+@torch.no_grad()
+def calibrate_kv_scales(model, tokenizer, prompts: list[str], cfg: RolloutConfig) -> KVScales:
+    """amax/448 per layer and head over a short sampled rollout of the probe prompts (prompt and response)."""
+    layers = [AmaxRecorder() for _ in range(model.config.num_hidden_layers)]
+    generator = torch.Generator(next(model.parameters()).device).manual_seed(cfg.seed)
+    generate(model, tokenizer, prompts, cfg, generator=generator, cache=Cache(layers=layers))
+    return scales_from_amax(layers)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -229,7 +294,7 @@ class RolloutEngine:
         kv_cache     fp8: quant.Fp8KVLayer with calibrated (probe prompts, recomputed at every new version)
                      or unit scales.
     The engine's model is rebuilt from the served snapshot at every new version, so FP8 weights are
-    re-quantized after every sync.
+    re-quantized after every sync. It never changes the student it was given.
     """
 
     def __init__(self, student, tokenizer, cfg: RolloutConfig, probe_prompts: list[str] = ()):
@@ -237,6 +302,8 @@ class RolloutEngine:
         self.template = copy.deepcopy(student).cpu()  # architecture only; weights come from snapshots
         self.device = next(student.parameters()).device
         self.probe_prompts = list(probe_prompts)
+        if cfg.kv_cache == "fp8" and cfg.kv_scales == "calibrated" and not self.probe_prompts:
+            raise BadInput("kv_scales 'calibrated' needs probe prompts to calibrate on; pass some, or use 'unit'")
         self.snapshots: deque = deque()
         self.model, self.version, self.kv_scales = None, None, None
 
@@ -253,54 +320,91 @@ class RolloutEngine:
             self.model, self.version = self._build(weights, served), served
 
     def _build(self, weights: dict, version: int):
-        from quant import KVScales, calibrate_kv_scales, quantize_weights
-
         model = copy.deepcopy(self.template).to(self.device)
         model.load_state_dict(weights)
         if self.cfg.noise > 0:
-            add_weight_noise(model, self.cfg.noise, torch.Generator(self.device).manual_seed(self.cfg.seed * 1_000_003 + version))
+            seed = self.cfg.seed * 1_000_003 + version
+            add_weight_noise(model, self.cfg.noise, torch.Generator(self.device).manual_seed(seed))
+            if not all(torch.isfinite(p).all() for p in model.parameters()):
+                raise BadInput(f"--noise {self.cfg.noise:g} makes the engine's weights non-finite (version "
+                                f"{version}); use a smaller --noise")
         if self.cfg.weights == "bf16":
             model = model.to(torch.bfloat16)
-        elif self.cfg.weights.startswith("fp8"):
+        elif self.cfg.weights != "fp32":
             quantize_weights(model, self.cfg.weights, self.cfg.fp8_skip)
         model.eval()
         if self.cfg.kv_cache == "fp8":
-            calibrate = self.cfg.kv_scales == "calibrated"
-            if calibrate and not self.probe_prompts:
-                raise BadInput("kv_scales 'calibrated' needs probe prompts to calibrate on; pass some, or use kv_scales 'unit'")
-            self.kv_scales = calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, self.cfg) if calibrate else KVScales.unit(model.config)
+            calibrated = self.cfg.kv_scales == "calibrated"
+            self.kv_scales = (calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, self.cfg)
+                              if calibrated else KVScales.unit(model.config))
         return model
 
     def new_cache(self):
         """An empty KV cache of the engine's kind (None = the model's default)."""
-        from quant import fp8_kv_cache
-
         return fp8_kv_cache(self.kv_scales) if self.cfg.kv_cache == "fp8" else None
 
     def generate(self, prompts: list[str], generator: torch.Generator | None = None) -> Rollout:
-        return generate(self.model, self.tokenizer, prompts, self.cfg, generator=generator, version=self.version, cache=self.new_cache())
+        """Sample with the served weights, recording the engine's distributions (see the module docstring)."""
+        return generate(self.model, self.tokenizer, prompts, self.cfg, generator=generator, version=self.version,
+                        cache=self.new_cache(), record=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The engine's command-line flags, shared by train.py, mismatch.py and admit.py
+
+
+def add_rollout_args(g, sampling: bool = True) -> None:
+    """The rollout engine flags (sampling=False: the policies at temperature 1, for measurement)."""
+    d = RolloutConfig()
+    if sampling:
+        g.add_argument("--temperature", type=nonneg_float, default=d.temperature,
+                       help="sampling temperature; 0 = greedy (default: %(default)s, the policy itself)")
+        g.add_argument("--top-p", type=fraction, default=d.top_p, help="nucleus mass; 1 = no truncation (default: %(default)s)")
+    g.add_argument("--max-new-tokens", type=positive_int, help="response length limit (default: the pair's)")
+    g.add_argument("--weights", default=d.weights, choices=WEIGHTS,
+                   help="engine weights: fp8 = weight-only; fp8-dyn = W8A8, CUDA sm>=8.9; fp8-emu = W8A8 emulated "
+                   "(default: %(default)s)")
+    g.add_argument("--fp8-skip", default=",".join(d.fp8_skip),
+                   help="comma-separated module-name patterns kept in high precision under fp8 weights "
+                   "('' = quantize every Linear; default: %(default)s)")
+    g.add_argument("--kv-cache", default=d.kv_cache, choices=KV_CACHES,
+                   help="KV cache: model = engine dtype; fp8 = e4m3 with per-head scales (default: %(default)s)")
+    g.add_argument("--kv-scales", default=d.kv_scales, choices=KV_SCALES,
+                   help="fp8 KV scales: calibrated = amax/448 on probe prompts; unit = 1.0 (default: %(default)s)")
+    g.add_argument("--staleness", type=nonneg_int, default=d.staleness,
+                   help="optimizer steps the engine lags behind the trainer; 0 = synchronous (default: %(default)s)")
+    g.add_argument("--noise", type=nonneg_float, default=d.noise,
+                   help="relative std of Gaussian noise on the engine's weights; 0 = none (default: %(default)s)")
+
+
+def rollout_config_from_args(args, max_new_tokens: int) -> RolloutConfig:
+    """A RolloutConfig from the add_rollout_args flags (temperature 1 and top-p 1 where they are absent)."""
+    d = RolloutConfig()
+    return RolloutConfig(temperature=getattr(args, "temperature", d.temperature), top_p=getattr(args, "top_p", d.top_p),
+                         max_new_tokens=max_new_tokens, seed=args.seed, weights=args.weights,
+                         fp8_skip=tuple(p for p in args.fp8_skip.split(",") if p), kv_cache=args.kv_cache,
+                         kv_scales=args.kv_scales, staleness=args.staleness, noise=args.noise)
 
 
 def main(argv=None) -> None:
-    from models import load_pair
-
-    parser = argparse.ArgumentParser(description="Sample responses with the rollout engine and print them.")
-    parser.add_argument("--pair", default="tiny", help="tiny | smollm2")
-    parser.add_argument("--n", type=int, default=4, help="number of held-out prompts")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1 = no truncation")
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="response length limit")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    d = RolloutConfig()
+    parser = Parser(description="Sample responses with the rollout engine and print them.")
+    parser.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    parser.add_argument("--n", type=positive_int, default=4, help="number of held-out prompts (default: %(default)s)")
+    parser.add_argument("--temperature", type=nonneg_float, default=d.temperature, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--top-p", type=fraction, default=d.top_p, help="1 = no truncation (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens, help="length limit (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
-        cfg = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        cfg = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                            seed=args.seed)
         pair = load_pair(args.pair)
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
-    t0 = time.time()
-    rollout = generate(pair.student, pair.tokenizer, prompts, cfg)
+        prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
+        t0 = time.time()
+        rollout = generate(pair.student, pair.tokenizer, prompts, cfg)
+    except (BadInput, NonFinite) as e:
+        fail(e)
     print(f"config: {asdict(cfg)}  ({time.time() - t0:.2f}s)")
     for p, r, lp, m in zip(pair.eval_prompts, rollout.responses(pair.tokenizer), rollout.logprobs, rollout.response_mask):
         print(f"{p.text!r} -> {r!r}   sum log q = {lp[m.bool()].sum():.2f} over {int(m.sum())} tokens")

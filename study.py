@@ -27,7 +27,6 @@ Finished runs are reused and killed ones resume (train.run_or_resume), so any co
     python study.py report
 """
 
-import argparse
 import json
 import re
 import sys
@@ -38,8 +37,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from admit import check, read_budget, short_run
-from models import PAIRS, BadInput, load_pair
-from train import atomic_write_text, device_label, pair_config, read_metrics, resolve_device, run_or_resume
+from cli import BadInput, NonFinite, Parser, fail, positive_int
+from models import DEVICES, PAIRS, device_label, load_pair, resolve_device
+from runfiles import atomic_write_text, read_metrics
+from train import pair_config, run_or_resume
 
 RESULTS = Path("results")
 
@@ -384,33 +385,34 @@ def report() -> Path:
 # Command line
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> Parser:
+    parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("validate", help="admission check verdicts vs real training runs on held-out configurations")
-    v.add_argument("--pair", default="tiny", help=f"one of {', '.join(PAIRS)}")
-    v.add_argument("--budget", help="budget.json (default budgets/<pair>/budget.json)")
-    v.add_argument("--seeds", type=int, default=4, help="training seeds per candidate (default 4: near the knee, 2 seeds cannot resolve the tolerance)")
-    v.add_argument("--probes", type=int, default=64, help="probe prompts for each check (default 64)")
+    v.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    v.add_argument("--budget", help="budget.json (default: budgets/<pair>/budget.json)")
+    v.add_argument("--seeds", type=positive_int, default=4, help="training seeds per candidate (default: %(default)s; "
+                   "near the knee, 2 seeds cannot resolve the tolerance)")
+    v.add_argument("--probes", type=positive_int, default=64, help="most probe prompts for each check (default: %(default)s)")
     for name, helptext in (("rl", "OPD vs GRPO (tiny)"), ("prefix", "per-token vs prefix shift, with and without TIS (tiny)")):
         sp = sub.add_parser(name, help=helptext)
-        sp.add_argument("--seeds", type=int, default=1, help="seeds per run (default 1)")
+        sp.add_argument("--seeds", type=positive_int, default=1, help="seeds per run (default: %(default)s)")
     a = sub.add_parser("async", help="sync/async × bf16/fp8 time-to-quality")
-    a.add_argument("--pair", default="smollm2", help=f"one of {', '.join(PAIRS)}")
-    a.add_argument("--steps", type=int, default=8, help="steps per run (default 8)")
+    a.add_argument("--pair", default="smollm2", choices=PAIRS, help="the pair (default: %(default)s)")
+    a.add_argument("--steps", type=positive_int, default=8, help="steps per run (default: %(default)s)")
     sub.add_parser("report", help="results/SUMMARY.md from the results")
     for sp in sub.choices.values():
-        sp.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    args = parser.parse_args(argv)
+        sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "pair", "tiny") not in PAIRS:
-            raise BadInput(f"--pair {args.pair!r}: choose one of {', '.join(PAIRS)}")
-        if getattr(args, "seeds", 1) < 1 or getattr(args, "steps", 1) < 1:
-            raise BadInput("--seeds and --steps must be >= 1")
         device = resolve_device(args.device)
         if args.cmd == "validate":
-            result = validate(args.pair, Path(args.budget or f"budgets/{args.pair}/budget.json"), args.seeds, args.probes, device)
-            print(validation_table(result))
+            budget = Path(args.budget or f"budgets/{args.pair}/budget.json")
+            print(validation_table(validate(args.pair, budget, args.seeds, args.probes, device)))
         elif args.cmd == "rl":
             print(rl_table(rl(args.seeds, device)))
         elif args.cmd == "prefix":
@@ -418,9 +420,8 @@ def main(argv=None) -> None:
         elif args.cmd == "async":
             print(async_table(async_study(args.pair, args.steps, device)))
         print(f"wrote {report()}")
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except (BadInput, NonFinite) as e:
+        fail(e)
 
 
 if __name__ == "__main__":

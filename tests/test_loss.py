@@ -5,7 +5,7 @@ from conftest import assert_close
 
 from models import format_prompt, tiny_problems
 from rollout import RolloutConfig, generate
-from train import opd_loss, reverse_kl_terms
+from loss import opd_loss, reverse_kl_terms
 
 
 def direct_kl(p_s: torch.Tensor, p_t: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ def test_loss_zero_when_student_is_teacher(tiny_pair):
 
 def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
     from rollout import RolloutEngine, positions
-    from train import tis_weights
+    from loss import tis_weights
 
     assert_close(tis_weights(torch.tensor([0.0, -1.0, -3.0]), torch.tensor([-1.0, -1.0, -1.0]), cap=2.0),
                  torch.tensor([2.0, 1.0, torch.e**-2]), atol=1e-6, what="min(p_train/p_engine, C)")  # fmt: skip

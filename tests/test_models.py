@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from models import BadInput, load_hf_pair, load_pair, read_prompts, exact_match_accuracy, tiny_problems, TINY_DIR
+from models import BadInput, load_hf_pair, load_pair, read_prompts, tiny_problems, TINY_DIR
+from train import exact_match_accuracy
 
 
 def test_tiny_loads_from_committed_files_and_teacher_beats_student(tiny_pair):

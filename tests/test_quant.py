@@ -7,7 +7,7 @@ from conftest import assert_close
 from models import BadInput, format_prompt, tiny_problems
 from quant import FP8_MAX, KVScales, dequantize_fp8, fp8_scale, kv_bytes_per_token, quantize_fp8, quantize_weights
 from rollout import RolloutConfig, RolloutEngine
-from train import response_hidden
+from rollout import response_hidden
 
 
 def test_round_trip_within_e4m3_bound():

@@ -9,7 +9,7 @@ from conftest import assert_close
 from models import format_prompt, tiny_problems
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, RolloutEngine, positions
-from train import opd_loss
+from loss import opd_loss
 
 
 def test_exact_match_rewards():

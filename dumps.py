@@ -1,0 +1,166 @@
+"""The log-dump format: per-token engine and trainer log-probs of sampled tokens, from any RL/OPD system.
+
+JSONL, one sequence (one sampled response) per line, an object with
+    engine_logprobs       [float, ...]  log π_engine(y_t | prefix) of each sampled response token, each <= 0
+    train_logprobs        [float, ...]  log π_train(y_t | prefix) of the same tokens, under the policy being
+                                        trained (no grad); same length
+    token_ids             [int, ...]    optional: the sampled tokens (needed with the top-k fields)
+    engine_top_logprobs   [{id: logp}]  optional, one object per token: log-probs of the engine's top-k
+    train_top_logprobs    [{id: logp}]  tokens under each side, over the same token ids (keys are strings)
+    id                    anything      optional, carried through
+Also accepted: a torch .pt file holding a dict of padded [B, T] tensors `engine_logprobs`, `train_logprobs`
+and `mask` (1 on response tokens).
+
+Both log-probs must be of the policies themselves (temperature 1, no top-p). verl logs them as
+`rollout_log_probs` and `old_log_probs` (PORTING.md has the recipes). mismatch.py writes this format from our
+own engine (`--dump-out`), and `admit.py check --dump` judges one against a budget.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cli import BadInput
+
+
+@dataclass
+class Dump:
+    """A dump flattened to its R response tokens (row-major); the top-k fields are None when absent.
+    Top-k entries a sequence does not fill are -inf on both sides."""
+
+    engine_R: torch.Tensor  # float64
+    train_R: torch.Tensor
+    seq_id_R: torch.Tensor  # long
+    in_top_R: torch.Tensor | None = None  # bool: the sampled token is among the top-k ids
+    top_engine_R_K: torch.Tensor | None = None
+    top_train_R_K: torch.Tensor | None = None
+
+    @property
+    def sequences(self) -> int:
+        return int(self.seq_id_R.max()) + 1 if len(self.seq_id_R) else 0
+
+
+def _floats(values, where: str, what: str) -> list[float]:
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise BadInput(f"{where}: {what} must be a list of numbers")
+    if not all(math.isfinite(v) for v in values):
+        raise BadInput(f"{where}: {what} holds NaN or an infinity")
+    if any(v > 1e-6 for v in values):
+        raise BadInput(f"{where}: {what} holds a positive log-prob ({max(values):g}); log-probs are <= 0")
+    return values
+
+
+def _top(obj, key: str, n: int, where: str) -> list[dict]:
+    rows = obj.get(key)
+    if not isinstance(rows, list) or len(rows) != n or not all(isinstance(r, dict) for r in rows):
+        raise BadInput(f"{where}: {key} must be a list of {n} objects {{token_id: logprob}}")
+    for r in rows:
+        _floats(list(r.values()), where, key)
+    return rows
+
+
+def _line(obj, where: str) -> dict:
+    """One validated sequence: engine, train, and (when present) in_top, top_engine, top_train lists."""
+    if not isinstance(obj, dict):
+        raise BadInput(f"{where}: expected an object with engine_logprobs and train_logprobs")
+    for key in ("engine_logprobs", "train_logprobs"):
+        if key not in obj:
+            raise BadInput(f"{where}: missing {key!r}")
+    engine = _floats(obj["engine_logprobs"], where, "engine_logprobs")
+    train = _floats(obj["train_logprobs"], where, "train_logprobs")
+    if len(engine) != len(train) or not engine:
+        raise BadInput(f"{where}: engine_logprobs has {len(engine)} tokens, train_logprobs {len(train)}; "
+                       "they must be equal and non-zero")
+    seq = {"engine": engine, "train": train}
+    if "engine_top_logprobs" in obj or "train_top_logprobs" in obj:
+        ids = obj.get("token_ids")
+        if not isinstance(ids, list) or len(ids) != len(engine):
+            raise BadInput(f"{where}: the top-k fields need token_ids, one per token")
+        top_e = _top(obj, "engine_top_logprobs", len(engine), where)
+        top_t = _top(obj, "train_top_logprobs", len(engine), where)
+        if any(e.keys() != t.keys() for e, t in zip(top_e, top_t)):
+            raise BadInput(f"{where}: engine_top_logprobs and train_top_logprobs must cover the same token ids")
+        seq["in_top"] = [str(i) in e for i, e in zip(ids, top_e)]
+        seq["top_engine"] = [list(e.values()) for e in top_e]
+        seq["top_train"] = [[t[k] for k in e] for e, t in zip(top_e, top_t)]
+    return seq
+
+
+def _pad(rows: list[list[float]]) -> torch.Tensor:
+    k = max(len(r) for r in rows)
+    return torch.tensor([r + [-math.inf] * (k - len(r)) for r in rows], dtype=torch.float64)
+
+
+def _from_sequences(seqs: list[dict]) -> Dump:
+    flat = lambda key: [x for s in seqs for x in s[key]]  # noqa: E731
+    seq_id = torch.tensor([i for i, s in enumerate(seqs) for _ in s["engine"]])
+    dump = Dump(torch.tensor(flat("engine"), dtype=torch.float64), torch.tensor(flat("train"), dtype=torch.float64), seq_id)
+    if all("in_top" in s for s in seqs):
+        dump.in_top_R = torch.tensor(flat("in_top"))
+        dump.top_engine_R_K, dump.top_train_R_K = _pad(flat("top_engine")), _pad(flat("top_train"))
+    return dump
+
+
+def _read_pt(path: Path) -> Dump:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any unreadable file: a pickle error, a truncated zip, ...
+        raise BadInput(f"{path}: not a readable torch file ({type(e).__name__})") from None
+    if not isinstance(data, dict) or not {"engine_logprobs", "train_logprobs", "mask"} <= data.keys():
+        raise BadInput(f"{path}: expected a dict with engine_logprobs, train_logprobs and mask tensors [B, T]")
+    engine, train, mask = (data[k] for k in ("engine_logprobs", "train_logprobs", "mask"))
+    if not (engine.shape == train.shape == mask.shape) or engine.dim() != 2:
+        raise BadInput(f"{path}: engine_logprobs {tuple(engine.shape)}, train_logprobs {tuple(train.shape)} and "
+                       f"mask {tuple(mask.shape)} must be the same [B, T] shape")
+    seqs = []
+    for b in range(engine.shape[0]):
+        m = mask[b].bool()
+        if m.any():
+            seqs.append(_line({"engine_logprobs": engine[b][m].tolist(), "train_logprobs": train[b][m].tolist()},
+                              f"{path}: row {b}"))
+    return seqs
+
+
+def read_dump(path: str | Path) -> Dump:
+    """Read and validate a dump; any problem is one BadInput line naming the file, the line and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"--dump {path}: no such file")
+    if path.suffix == ".pt":
+        seqs = _read_pt(path)
+    else:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise BadInput(f"--dump {path}: not UTF-8 text (expected JSONL, or a .pt file)") from None
+        seqs = []
+        for n, line in enumerate(lines, start=1):
+            if line.strip():
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise BadInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                seqs.append(_line(obj, f"{path}:{n}"))
+    if not seqs:
+        raise BadInput(f"--dump {path}: no sequences (expected one JSON object per line)")
+    return _from_sequences(seqs)
+
+
+def write_dump(path: str | Path, scored) -> int:
+    """Write mismatch.Scored samples (our own engine) in the JSONL schema, top-k included. Returns sequences."""
+    lines = []
+    for b in range(int(scored.seq_id_R.max()) + 1 if len(scored.seq_id_R) else 0):
+        idx = (scored.seq_id_R == b).nonzero().squeeze(-1)
+        ids_y = scored.rollout.tokens[:, 1:][scored.rollout.targets()].cpu()[idx].tolist()
+        top = [{str(i): e for i, e in zip(ids, es)} for ids, es in zip(scored.top_ids_R_K[idx].tolist(),
+                                                                        scored.top_engine_R_K[idx].tolist())]
+        top_t = [{str(i): t for i, t in zip(ids, ts)} for ids, ts in zip(scored.top_ids_R_K[idx].tolist(),
+                                                                         scored.top_train_R_K[idx].tolist())]
+        lines.append(json.dumps({"id": b, "engine_logprobs": scored.logp_engine_R[idx].tolist(),
+                                 "train_logprobs": scored.logp_train_R[idx].tolist(), "token_ids": ids_y,
+                                 "engine_top_logprobs": top, "train_top_logprobs": top_t}))
+    Path(path).write_text("".join(line + "\n" for line in lines))
+    return len(lines)

@@ -1,0 +1,100 @@
+"""The OPD loss: per-token reverse KL to the teacher on the student's own samples, and what rides along.
+
+    KL_t = Σ_v p_s(v | x_<t) (log p_s(v | x_<t) − log p_t(v | x_<t)),   loss = mean over response tokens
+
+estimated either analytically over the full vocabulary (gradient through the student's logits), or from
+the sampled token alone, as a policy gradient with a detached advantage
+    A_t = −(log p_s(y_t | x_<t) − log p_t(y_t | x_<t)),   loss = −mean_t w_t · A_t · log p_s(y_t | x_<t),
+with w_t = min(π_train(y_t)/π_engine(y_t), C) under truncated importance sampling (tis_cap C > 0), else 1.
+Both treat each token's prefix as fixed (the usual OPD recipe). estimator "grpo" is the RL baseline's loss
+(rl.py): one advantage per response in place of the teacher's per-token signal. The analytic loss equals
+TRL's generalized_jsd_loss(beta=1) (token mean over response tokens).
+
+The same student forward also gives the one scale, detached: KL(π_engine ‖ π_student) at every response token
+from the distributions the engine recorded while sampling (mismatch.token_kl), so a step runs one student
+forward+backward, one teacher forward and the engine's decode, nothing else.
+"""
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from mismatch import token_kl
+from rollout import head, response_hidden
+
+ESTIMATORS = ("analytic", "sampled", "grpo")
+
+
+def reverse_kl_terms(student_logits_N_V: torch.Tensor, teacher_logits_N_V: torch.Tensor, y_N: torch.Tensor):
+    """For N scored positions: exact KL_n = Σ_v p_s(v)(log p_s(v) − log p_t(v)), log p_s(y_n), log p_t(y_n)."""
+    logp_s_N_V = torch.log_softmax(student_logits_N_V.float(), -1)
+    logp_t_N_V = torch.log_softmax(teacher_logits_N_V.float(), -1)
+    kl_N = (logp_s_N_V.exp() * (logp_s_N_V - logp_t_N_V)).sum(-1)
+    return kl_N, pick(logp_s_N_V, y_N), pick(logp_t_N_V, y_N)
+
+
+def pick(logp_N_V: torch.Tensor, y_N: torch.Tensor) -> torch.Tensor:
+    """logp_N_V[n, y_n]: the log-prob of each sampled token."""
+    return logp_N_V.gather(-1, y_N[:, None]).squeeze(-1)
+
+
+def tis_weights(logp_train_N: torch.Tensor, logp_engine_N: torch.Tensor, cap: float) -> torch.Tensor:
+    """Token-level truncated importance sampling: w_t = min(π_train(y_t) / π_engine(y_t), cap), detached.
+
+    It reweights each sampled token's loss term towards what the trainer's policy would have sampled,
+    correcting the per-token part of the mismatch (not the prefix shift). cap <= 0 means no correction.
+    """
+    if cap <= 0:
+        return torch.ones_like(logp_train_N)
+    return torch.exp(logp_train_N.detach() - logp_engine_N).clamp(max=cap)
+
+
+def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: int = 256, tis_cap: float = 0.0,
+             advantages_B: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """The OPD loss over all response tokens of `rollout` (token mean), and its statistics.
+
+    tis_cap > 0 (sampled and grpo) multiplies each token's term by tis_weights. The analytic loss needs no
+    such correction: it sums over the whole vocabulary at each prefix, so how the engine drew y_t does not
+    enter the term at t; only the prefixes it visits do (prefix shift). TIS assumes temperature 1, top-p 1.
+
+    The vocabulary-sized logits are formed `chunk` tokens at a time and recomputed in the backward pass
+    (activation checkpointing), so peak memory is one chunk's [chunk, V] logits, not [N, V].
+    stats: rkl = mean exact KL(p_s ‖ p_t) per token (whatever the estimator), tokens = N, and mismatch_N =
+    exact KL(π_engine ‖ π_student) per token (float64) when the rollout carries engine_logits, else None.
+    """
+    h_s_N_H, y_N = response_hidden(student, rollout)
+    with torch.no_grad():
+        h_t_N_H, _ = response_hidden(teacher, rollout)
+    target_B_T = rollout.targets()
+    logp_engine_N = rollout.logprobs[:, 1:][target_B_T]  # same order as y_N
+    n, zero = len(y_N), torch.zeros((), device=y_N.device)
+    adv_N = torch.zeros(n, device=y_N.device)
+    if advantages_B is not None:  # each response's advantage, repeated over its tokens
+        adv_N = advantages_B.to(y_N.device)[:, None].expand_as(target_B_T)[target_B_T]
+
+    def chunk_terms(h_s_C_H, h_t_C_H, y_C, logp_e_C, adv_C):
+        with torch.no_grad():
+            teacher_logits_C_V = head(teacher, h_t_C_H)
+        student_logits_C_V = head(student, h_s_C_H)
+        kl_C, logp_s_C, logp_t_C = reverse_kl_terms(student_logits_C_V, teacher_logits_C_V, y_C)
+        if estimator == "analytic":
+            objective = kl_C.sum()
+        else:
+            advantage_C = adv_C if estimator == "grpo" else -(logp_s_C - logp_t_C).detach()
+            objective = -(tis_weights(logp_s_C, logp_e_C, tis_cap) * advantage_C * logp_s_C).sum()
+        # The detached logits leave the checkpointed region once, for the mismatch; the backward pass
+        # recomputes them for the gradient anyway.
+        return objective, kl_C.detach().sum(), student_logits_C_V.detach()
+
+    loss, kl_sum, mismatch = zero, zero, []
+    for i in range(0, n, chunk):
+        part = slice(i, i + chunk)
+        args = (h_s_N_H[part], h_t_N_H[part], y_N[part], logp_engine_N[part], adv_N[part])
+        grad = torch.is_grad_enabled()
+        objective, kl, student_logits_C_V = checkpoint(chunk_terms, *args, use_reentrant=False) if grad else chunk_terms(*args)
+        if rollout.engine_logits is not None:
+            mismatch.append(token_kl(rollout.engine_logits[part], student_logits_C_V))
+        del student_logits_C_V
+        loss = loss + objective / max(n, 1)
+        kl_sum = kl_sum + kl
+    mismatch_N = torch.cat(mismatch) if rollout.engine_logits is not None and n else None
+    return loss, {"rkl": kl_sum.item() / max(n, 1), "tokens": n, "mismatch_N": mismatch_N}
