@@ -43,8 +43,8 @@ from mismatch import MAX_NEW_TOKENS, bootstrap_ci, dump_estimate, measure_config
 from models import DEVICES, PAIRS, cache_dir, device_label, format_prompt, load_pair, n_params, resolve_device
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from runfiles import atomic_write_text
-from train import pair_config, run_or_resume, run_seconds, trajectory
+from runfiles import atomic_write_text, run_seconds
+from train import pair_config, run_or_resume, trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
 SCALE = ("mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on the engine's samples of "

@@ -16,7 +16,7 @@ import torch
 from cli import Parser
 from models import TINY_DIR, Prompt, format_prompt, tiny_config, tiny_problems, tiny_tokenizer
 from rollout import positions
-from train import exact_match_accuracy
+from evaluate import exact_match_accuracy
 
 from transformers import LlamaForCausalLM  # isort: skip
 

@@ -92,6 +92,22 @@ def clean_leftovers(run_dir: Path) -> None:
         tmp.unlink()
 
 
+def summary(records: list[dict]) -> str:
+    evals = [r for r in records if r.get("eval_rkl") is not None]
+    first, last = evals[0], evals[-1]
+    drop = 1 - last["eval_rkl"] / first["eval_rkl"] if first["eval_rkl"] > 0 else 0.0
+    text = f"held-out reverse KL {first['eval_rkl']:.3f} -> {last['eval_rkl']:.3f} nats/token "
+    text += f"({drop:.0%} lower)"
+    if "eval_acc" in first:
+        text += f"; held-out accuracy {first['eval_acc']:.3f} -> {last['eval_acc']:.3f}"
+    return text + f"; {run_seconds(records):.0f}s"
+
+
+def run_seconds(records: list[dict]) -> float:
+    """Wall-clock seconds of a run: its training steps and its evaluations."""
+    return sum(r["seconds"] + r.get("eval_seconds", 0.0) for r in records)
+
+
 # ---------------------------------------------------------------------------------------------------
 # One process per run folder
 

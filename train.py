@@ -27,23 +27,23 @@ exactly from its last checkpoint (stale and async runs too): the steps after it 
 
 import copy
 import json
-import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from batches import Batches, make_engine
 from cli import BadInput, NonFinite, Parser, fail, nonneg_float, nonneg_int, positive_float, positive_int
+from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from mismatch import prefix_shift_kl, rescored_token_kl
-from models import DEVICES, PAIRS, Prompt, format_prompt, load_pair, resolve_device
+from models import DEVICES, PAIRS, format_prompt, load_pair, resolve_device
 from rl import exact_match_rewards, group_advantages
-from rollout import Rollout, RolloutConfig, RolloutEngine, add_rollout_args, generate, rollout_config_from_args, snapshot
+from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
 from runfiles import (RunLock, append_metrics, atomic_save, atomic_write_text, clean_leftovers, load_checkpoint,
-                      plot_curves, read_metrics)
+                      plot_curves, read_metrics, summary)
 
 
 @dataclass
@@ -62,7 +62,7 @@ class TrainConfig:
     warmup: int = 0  # steps of linear learning-rate warm-up, then constant
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (sampled-token policy gradient) | grpo (RL)
+    loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (sampled-token gradient) | grpo (RL)
     tis_cap: float = 0.0  # truncated importance sampling cap C in min(π_train/π_engine, C); 0 = off
     async_rollout: bool = False  # one-step-off: sample step s+1's batch in a background thread during step s
     kl_chunk: int = 256  # response tokens per chunk when computing full-vocabulary KL (bounds memory)
@@ -96,129 +96,11 @@ def pair_config(pair: str, **overrides) -> TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Evaluation
-
-
-def exact_match_accuracy(model, tokenizer, problems: list[Prompt], max_new_tokens: int = 6) -> float:
-    """Exact-match accuracy of greedy answers (real decoding through our sampler, no teacher forcing)."""
-    texts = [format_prompt(tokenizer, p.text) for p in problems]
-    rollout = generate(model, tokenizer, texts, RolloutConfig(temperature=0.0, max_new_tokens=max_new_tokens))
-    return exact_match_rewards(rollout.responses(tokenizer), [p.answer for p in problems]).sum().item() / len(problems)
-
-
-@torch.no_grad()
-def evaluate(pair, cfg: TrainConfig, device) -> dict:
-    """Held-out quality: exact reverse KL of fresh student samples (fixed seed, temperature 1); when the
-    prompts have answers, also the exact-match rate of those samples (eval_reward: what the RL baseline
-    maximises) and greedy accuracy (eval_acc)."""
-    pair.student.eval()
-    prompts = pair.eval_prompts[: cfg.eval_prompts]
-    texts = [format_prompt(pair.tokenizer, p.text) for p in prompts]
-    gen = step_generator(cfg.seed + 7919, 0, device)
-    rollout = generate(pair.student, pair.tokenizer, texts, cfg.rollout, generator=gen)
-    _, stats = opd_loss(pair.student, pair.teacher, rollout, chunk=cfg.kl_chunk)
-    result = {"eval_rkl": stats["rkl"]}
-    if all(p.answer is not None for p in prompts):
-        answers = [p.answer for p in prompts]
-        result["eval_reward"] = exact_match_rewards(rollout.responses(pair.tokenizer), answers).mean().item()
-        result["eval_acc"] = exact_match_accuracy(pair.student, pair.tokenizer, prompts, cfg.rollout.max_new_tokens)
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------
-# Batches
-
-
-def step_generator(seed: int, step: int, device) -> torch.Generator:
-    """A generator that depends only on (seed, step): a resumed run draws exactly what it would have."""
-    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
-
-
-def train_rollout(pair, engine: RolloutEngine, cfg: TrainConfig, step: int, device):
-    """Sample this step's batch with the engine: `batch_size` prompts, each `samples_per_prompt` times
-    (consecutive rows, so a prompt's responses form a group). Returns the rollout and each row's Prompt."""
-    pick = torch.randint(len(pair.train_prompts), (cfg.batch_size,), generator=step_generator(cfg.seed, step, "cpu"))
-    prompts = [pair.train_prompts[i] for i in pick.tolist() for _ in range(cfg.samples_per_prompt)]
-    texts = [format_prompt(pair.tokenizer, p.text) for p in prompts]
-    return engine.generate(texts, generator=step_generator(cfg.seed, step, device)), prompts
-
-
-class Batches:
-    """Where step s's batch comes from. The weights entering step s are version s − 1.
-
-    sync   at the start of step s: engine.sync(version s − 1), then sample.
-    async  one-step-off: while the trainer runs step s, a background thread samples step s+1's batch from
-           version s − 1 (the weights entering step s), so every batch is exactly one version staler than
-           in sync mode (version max(s − 2, 0)); the batches are the ones sync mode with staleness + 1
-           would draw. The trainer snapshots its weights before the update; the worker rebuilds the engine.
-    state() is what a checkpoint needs to continue exactly: the engine's last k snapshots (staleness k) and,
-    in async mode, the batch the worker prepared for the next step.
-    """
-
-    def __init__(self, pair, engine: RolloutEngine, cfg: TrainConfig, device):
-        self.pair, self.engine, self.cfg, self.device = pair, engine, cfg, device
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if cfg.async_rollout else None
-        self.pending = None  # async: the future of the next step's batch
-
-    def _sample(self, version: int, weights: dict, step: int):
-        self.engine.receive(version, weights)
-        return train_rollout(self.pair, self.engine, self.cfg, step, self.device)
-
-    def get(self, student, step: int):
-        """Step s's (rollout, prompts). Async: the batch prepared during step s − 1 (or, on the first step
-        of a run, one sampled now from the current weights)."""
-        if self.pool is None:
-            self.engine.sync(student, version=step - 1)
-            return train_rollout(self.pair, self.engine, self.cfg, step, self.device)
-        if self.pending is None:
-            self.pending = self.pool.submit(self._sample, step - 1, snapshot(student), step)
-        batch, self.pending = self.pending.result(), None
-        return batch
-
-    def prefetch(self, student, step: int) -> None:
-        """Async: start sampling step s+1's batch from the weights entering step s (call before the update)."""
-        if self.pool is not None and step < self.cfg.steps:
-            self.pending = self.pool.submit(self._sample, step - 1, snapshot(student), step + 1)
-
-    def wait(self) -> None:
-        """Let the worker finish (before evaluation: tokenizers are not safe to call from two threads)."""
-        if self.pending is not None:
-            self.pending.exception()
-
-    def state(self) -> dict:
-        self.wait()
-        k = self.cfg.rollout.staleness
-        snapshots = [[v, w] for v, w in list(self.engine.snapshots)[len(self.engine.snapshots) - k :]] if k else []
-        batch = None
-        if self.pending is not None:
-            rollout, prompts = self.pending.result()
-            batch = {"rollout": dict(rollout.__dict__), "prompts": [[p.text, p.answer] for p in prompts]}
-        return {"snapshots": snapshots, "pending": batch}
-
-    def restore(self, state: dict) -> None:
-        self.engine.snapshots.extend((int(v), w) for v, w in state["snapshots"])
-        if state["pending"] is not None:
-            self.pending = Future()
-            prompts = [Prompt(text, answer) for text, answer in state["pending"]["prompts"]]
-            self.pending.set_result((Rollout(**state["pending"]["rollout"]), prompts))
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def make_engine(pair, cfg: TrainConfig) -> RolloutEngine:
-    """The rollout engine; fp8 KV scales are calibrated on the first 8 training prompts (never eval ones)."""
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]
-    return RolloutEngine(pair.student, pair.tokenizer, cfg.rollout, probe_prompts=probes)
-
-
-# ---------------------------------------------------------------------------------------------------
 # One step
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
-    """Linear warm-up over `warmup` steps, then constant. A function of the step alone, so resume needs no state."""
+    """Linear warm-up over `warmup` steps, then constant: a function of the step alone, for resume."""
     return cfg.lr * min(1.0, step / cfg.warmup) if cfg.warmup else cfg.lr
 
 
@@ -240,13 +122,15 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
                            tis_cap=cfg.tis_cap, advantages_B=advantages_B)
     kl_N = stats.pop("mismatch_N")
     if kl_N is None:  # the engine's distributions were too large to record: re-score them (approximate)
-        kl_N, extra["mismatch_rescored"] = rescored_token_kl(batches.engine, pair.student, rollout, cfg.kl_chunk), True
+        kl_N = rescored_token_kl(batches.engine, pair.student, rollout, cfg.kl_chunk)
+        extra["mismatch_rescored"] = True
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(pair.student.parameters(), cfg.grad_clip or float("inf"))
     for what, value in (("loss", loss), ("gradient norm", grad_norm)):
         if not torch.isfinite(value):
-            raise NonFinite(f"step {step}: the {what} is {value.item()}; stopped before the update (lower --lr, or "
+            raise NonFinite(f"step {step}: the {what} is {value.item()}; stopped before the update (lower "
+                            "--lr, "
                             "keep --grad-clip on); the last checkpoint and metrics.jsonl hold the good steps")
     optimizer.step()
     return {"step": step, "loss": loss.item(), **stats, **extra, "mismatch_kl": kl_N.mean().item(),
@@ -257,7 +141,7 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
 
 def trajectory(pair, steps: int, device) -> list[dict]:
     """The weights after 0..steps real OPD steps (the pair's default settings) on a copy of the student:
-    what a stale engine serves. How measurement (mismatch.measure_config) gets old weights without training."""
+    what a stale engine serves. Measurement (mismatch.measure_config) is handed these; it never trains."""
     cfg = pair_config(pair.name, device=device)
     work = replace(pair, student=copy.deepcopy(pair.student))
     optimizer = torch.optim.AdamW(work.student.parameters(), lr=cfg.lr)
@@ -309,9 +193,11 @@ def prepare(cfg: TrainConfig, resume: bool) -> Run:
     engine.sync(pair.student, 0)  # build the first engine and let it sample once now: fp8-dyn on a CPU, or a
     engine.generate([format_prompt(pair.tokenizer, pair.train_prompts[0].text)])  # --noise that breaks the
     engine.snapshots.clear()  # weights, is refused before the folder is touched (step 1 re-syncs)
-    state = load_checkpoint(run_dir / "checkpoint.pt", device) if resume and (run_dir / "checkpoint.pt").exists() else None
+    ckpt = run_dir / "checkpoint.pt"
+    state = load_checkpoint(ckpt, device) if resume and ckpt.exists() else None
     if state is not None and state["step"] > cfg.steps:
-        raise BadInput(f"--steps {cfg.steps}: {run_dir} already finished {state['step']} steps; --steps can only extend it")
+        raise BadInput(f"--steps {cfg.steps}: {run_dir} already finished {state['step']} steps; "
+                       "--steps can only extend it")
     run_dir.mkdir(parents=True, exist_ok=True)
     run = Run(cfg, pair, optimizer, Batches(pair, engine, cfg, device), device, RunLock(run_dir))
     run.lock.acquire()
@@ -326,7 +212,7 @@ def prepare(cfg: TrainConfig, resume: bool) -> Run:
 
 
 def open_records(run: Run) -> None:
-    """The metrics so far: a resume keeps the lines up to the checkpoint (later steps are redone identically)."""
+    """The metrics so far: a resume keeps the lines up to its checkpoint (later steps are redone exactly)."""
     metrics_path = run.dir / "metrics.jsonl"
     if run.start > 1:
         run.records = read_metrics(metrics_path, upto=run.start - 1)
@@ -349,25 +235,27 @@ def save_checkpoint(run: Run, step: int) -> None:
 
 def train_loop(run: Run, quiet: bool) -> None:
     cfg = run.cfg
-    bar = tqdm(range(run.start, cfg.steps + 1), initial=run.start - 1, total=cfg.steps, desc=f"OPD {cfg.name}",
+    steps = range(run.start, cfg.steps + 1)
+    bar = tqdm(steps, initial=run.start - 1, total=cfg.steps, desc=f"OPD {cfg.name}",
                disable=quiet, unit="step")
     last_ckpt = time.time()
     for step in bar:
         rec = train_step(run.pair, run.batches, cfg, run.optimizer, step, run.device)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             t0 = time.time()
-            run.batches.wait()  # async: the next batch's sampling, which the next step would otherwise wait for
+            run.batches.wait()  # async: the next batch, which the next step would otherwise wait for
             rec["seconds"] += time.time() - t0
             rec["sample_seconds"] += time.time() - t0
             t0 = time.time()
             rec.update(evaluate(run.pair, cfg, run.device))
             rec["eval_seconds"] = time.time() - t0
-        log(run, rec)  # metrics first, then the checkpoint: a kill in between only repeats this step on resume
+        log(run, rec)  # metrics first, then the checkpoint: a kill in between only repeats this step
         due = (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps
         if due or (cfg.ckpt_minutes and time.time() - last_ckpt >= 60 * cfg.ckpt_minutes):
             save_checkpoint(run, step)
             last_ckpt = time.time()
-        bar.set_postfix({k: f"{rec[k]:.3f}" for k in ("loss", "rkl", "reward", "eval_rkl", "eval_acc") if k in rec})
+        shown = ("loss", "rkl", "reward", "eval_rkl", "eval_acc")
+        bar.set_postfix({k: f"{rec[k]:.3f}" for k in shown if k in rec})
 
 
 def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dict]:
@@ -400,21 +288,6 @@ def run_or_resume(cfg: TrainConfig) -> list[dict]:
     return run(cfg, resume=metrics_path.exists(), quiet=True)
 
 
-def summary(records: list[dict]) -> str:
-    evals = [r for r in records if r.get("eval_rkl") is not None]
-    first, last = evals[0], evals[-1]
-    drop = 1 - last["eval_rkl"] / first["eval_rkl"] if first["eval_rkl"] > 0 else 0.0
-    text = f"held-out reverse KL {first['eval_rkl']:.3f} -> {last['eval_rkl']:.3f} nats/token ({drop:.0%} lower)"
-    if "eval_acc" in first:
-        text += f"; held-out accuracy {first['eval_acc']:.3f} -> {last['eval_acc']:.3f}"
-    return text + f"; {run_seconds(records):.0f}s"
-
-
-def run_seconds(records: list[dict]) -> float:
-    """Wall-clock seconds of a run: its training steps and its evaluations."""
-    return sum(r["seconds"] + r.get("eval_seconds", 0.0) for r in records)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Command line
 
@@ -425,38 +298,71 @@ def per_pair(key: str) -> str:
     return "default: " + ", ".join(f"{v:g} {p}" for p, v in values.items())
 
 
+# (flag, type, help) of the training flags whose defaults differ per pair; their help reads PAIR_DEFAULTS.
+PER_PAIR_FLAGS = [
+    ("--steps", positive_int, "optimizer steps"),
+    ("--batch-size", positive_int, "training prompts per step"),
+    ("--samples-per-prompt", positive_int, "responses sampled per prompt"),
+    ("--lr", positive_float, "AdamW peak learning rate"),
+    ("--warmup", nonneg_int, "steps of linear learning-rate warm-up"),
+    ("--eval-every", nonneg_int, "evaluate every N steps; 0 = only at the start and end"),
+    ("--eval-prompts", positive_int, "held-out prompts per evaluation"),
+    ("--ckpt-every", nonneg_int, "checkpoint every N steps; 0 = by time only"),
+    ("--ckpt-minutes", nonneg_float, "also checkpoint every M minutes; 0 = off"),
+]
+# (flag, type, help) of the flags with one default for every pair, read from TrainConfig.
+COMMON_FLAGS = [
+    ("--weight-decay", nonneg_float, "AdamW weight decay"),
+    ("--grad-clip", nonneg_float, "max gradient norm; 0 = no clipping"),
+    ("--tis-cap", nonneg_float, "--loss sampled or grpo: TIS weight min(π_train/π_engine, C); 0 = off"),
+    ("--kl-chunk", positive_int, "response tokens per full-vocabulary chunk (bounds memory)"),
+    ("--seed", int, "seed for prompt order, sampling and weight noise"),
+    ("--out-dir", str, "parent folder of run folders"),
+]
+
+
 def build_parser() -> Parser:
     d = TrainConfig()
-    p = Parser(description="On-policy distillation: the student lowers reverse KL to the teacher on its own samples.")
+    p = Parser(
+        description="On-policy distillation: the student lowers reverse KL to the teacher on its samples."
+    )
     p.add_argument("--pair", default=d.pair, choices=PAIRS, help="embedded pair (default: %(default)s)")
-    p.add_argument("--teacher", help="HF id or local path of the teacher (with --student; replaces --pair)")
-    p.add_argument("--student", help="HF id or local path of the student; must share the teacher's tokenizer")
-    p.add_argument("--student-layers", type=positive_int, help="smollm2/gemma3: decoder layers the student keeps")
-    p.add_argument("--prompts", help="JSONL file of {\"prompt\": ..., \"answer\": optional}; every 10th is held out")
-    p.add_argument("--steps", type=positive_int, help=f"optimizer steps ({per_pair('steps')})")
-    p.add_argument("--batch-size", type=positive_int, help=f"training prompts per step ({per_pair('batch_size')})")
-    p.add_argument("--samples-per-prompt", type=positive_int, help=f"responses per prompt ({per_pair('samples_per_prompt')})")
-    p.add_argument("--lr", type=positive_float, help=f"AdamW peak learning rate ({per_pair('lr')})")
-    p.add_argument("--warmup", type=nonneg_int, help=f"steps of linear learning-rate warm-up ({per_pair('warmup')})")
-    p.add_argument("--weight-decay", type=nonneg_float, default=d.weight_decay, help="AdamW weight decay (default: %(default)s)")
-    p.add_argument("--grad-clip", type=nonneg_float, default=d.grad_clip, help="max gradient norm; 0 = no clipping (default: %(default)s)")
-    p.add_argument("--loss", default=d.loss, choices=ESTIMATORS, help="analytic: full-vocabulary reverse KL; sampled: "
-                   "sampled-token policy gradient; grpo: the RL baseline (prompts need answers) (default: %(default)s)")
-    p.add_argument("--tis-cap", type=nonneg_float, default=d.tis_cap,
-                   help="--loss sampled or grpo: TIS weight min(π_train/π_engine, C); 0 = off (default: %(default)s)")
-    p.add_argument("--async", dest="async_rollout", action="store_true", help="one-step-off: sample the next batch "
-                   "in a background thread during this step")
-    p.add_argument("--kl-chunk", type=positive_int, default=d.kl_chunk, help="response tokens per vocabulary chunk (default: %(default)s)")
-    p.add_argument("--eval-every", type=nonneg_int, help=f"evaluate every N steps; 0 = start and end ({per_pair('eval_every')})")
-    p.add_argument("--eval-prompts", type=positive_int, help=f"held-out prompts per evaluation ({per_pair('eval_prompts')})")
-    p.add_argument("--ckpt-every", type=nonneg_int, help=f"checkpoint every N steps; 0 = by time only ({per_pair('ckpt_every')})")
-    p.add_argument("--ckpt-minutes", type=nonneg_float, help=f"and every M minutes; 0 = off ({per_pair('ckpt_minutes')})")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed for prompt order, sampling and noise (default: %(default)s)")
-    p.add_argument("--device", default=d.device, choices=DEVICES, help="(default: %(default)s: CUDA if present)")
+    p.add_argument("--teacher", help="HF id or local folder of the teacher (with --student; replaces --pair)")
+    p.add_argument(
+        "--student", help="HF id or local folder of the student; must share the teacher's tokenizer"
+    )
+    p.add_argument(
+        "--student-layers", type=positive_int, help="smollm2/gemma3: decoder layers the student keeps"
+    )
+    p.add_argument("--prompts", help='JSONL of {"prompt": ..., "answer": optional}; every 10th is held out')
+    for flag, kind, text in PER_PAIR_FLAGS:
+        p.add_argument(flag, type=kind, help=f"{text} ({per_pair(flag[2:].replace('-', '_'))})")
+    for flag, kind, text in COMMON_FLAGS:
+        default = getattr(d, flag[2:].replace("-", "_"))
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
+    p.add_argument(
+        "--loss",
+        default=d.loss,
+        choices=ESTIMATORS,
+        help="analytic: full-vocabulary reverse KL; "
+        "sampled: sampled-token policy gradient; grpo: the RL baseline (default: %(default)s)",
+    )
+    p.add_argument(
+        "--async",
+        dest="async_rollout",
+        action="store_true",
+        help="one-step-off: sample the next batch in a background thread during this step",
+    )
+    p.add_argument(
+        "--device", default=d.device, choices=DEVICES, help="(default: %(default)s: CUDA if present)"
+    )
     p.add_argument("--name", default=d.name, help="run folder under --out-dir (default: <pair>-<timestamp>)")
-    p.add_argument("--out-dir", default=d.out_dir, help="parent folder of run folders (default: %(default)s)")
-    p.add_argument("--resume", action="store_true", help="continue --out-dir/--name from its last checkpoint with its "
-                   "saved config (--steps may extend it)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue --out-dir/--name from its last checkpoint "
+        "with its saved config (--steps may extend it)",
+    )
     add_rollout_args(p.add_argument_group("rollout engine"))
     return p
 
@@ -465,13 +371,16 @@ def config_from_args(args) -> TrainConfig:
     """The pair's TrainConfig (PAIR_DEFAULTS), with every flag the user gave on top."""
     pair = "custom" if args.teacher else args.pair
     cfg = pair_config(pair)
-    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
+             if getattr(args, f.name, None) is not None}
     given.update(pair=pair, name=args.name or f"{pair}-{time.strftime('%Y%m%d-%H%M%S')}")
     given.pop("rollout", None)
     cfg = replace(cfg, **given)
-    cfg.rollout = rollout_config_from_args(args, max_new_tokens=args.max_new_tokens or cfg.rollout.max_new_tokens)
+    n_new = args.max_new_tokens or cfg.rollout.max_new_tokens
+    cfg.rollout = rollout_config_from_args(args, max_new_tokens=n_new)
     if cfg.tis_cap > 0 and cfg.loss == "analytic":
-        raise BadInput(f"--tis-cap {cfg.tis_cap:g}: applies to --loss sampled or grpo only (the analytic loss sums "
+        raise BadInput(f"--tis-cap {cfg.tis_cap:g}: applies to --loss sampled or grpo only (the analytic "
+                       "loss sums "
                        "over the vocabulary, so the sampled token needs no correction)")
     return cfg
 
@@ -483,7 +392,8 @@ def load_saved_config(run_dir: Path) -> TrainConfig:
         known = {f.name for f in fields(TrainConfig)}
         return TrainConfig(**{k: v for k, v in saved.items() if k in known}, rollout=rollout)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        raise BadInput(f"--resume: {run_dir}/config.json cannot be read ({type(e).__name__}); nothing to resume") from None
+        raise BadInput(f"--resume: {run_dir}/config.json cannot be read ({type(e).__name__}); "
+                       "nothing to resume") from None
 
 
 def config_for(args) -> TrainConfig:
@@ -492,14 +402,16 @@ def config_for(args) -> TrainConfig:
         cfg = config_from_args(args)
         run_dir = Path(cfg.out_dir) / cfg.name
         if run_dir.exists() and any(run_dir.iterdir()):
-            raise BadInput(f"--name {cfg.name}: {run_dir} already exists; pass --resume to continue it, or choose "
+            raise BadInput(f"--name {cfg.name}: {run_dir} already exists; pass --resume to continue it, or "
+                           "choose "
                            "another --name")
         return cfg
     if not args.name:
         raise BadInput("--resume needs --name NAME of the run to continue")
     run_dir = Path(args.out_dir) / args.name
     if not (run_dir / "config.json").is_file():
-        raise BadInput(f"--resume: {run_dir} has no config.json; nothing to resume (start it without --resume)")
+        raise BadInput(f"--resume: {run_dir} has no config.json; nothing to resume (start it without "
+                       "--resume)")
     cfg = replace(load_saved_config(run_dir), out_dir=args.out_dir, name=args.name)
     if args.steps is not None:
         cfg.steps = args.steps

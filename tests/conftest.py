@@ -15,7 +15,9 @@ from models import load_pair, tiny_config, tiny_tokenizer  # noqa: E402
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, what: str = "") -> None:
     """Fail with the max and mean absolute difference, not just 'not close'."""
     diff = (actual.float() - expected.float()).abs()
-    assert diff.max().item() <= atol, f"{what}: max |diff| {diff.max().item():.3g} > {atol:g} (mean {diff.mean().item():.3g})"
+    assert diff.max().item() <= atol, (
+        f"{what}: max |diff| {diff.max().item():.3g} > {atol:g} (mean {diff.mean().item():.3g})"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,9 @@ def test_fit_is_robust_to_one_noisy_point():
     xs, ys = knee_points()
     ys[3] = 0.2  # one wild run below the knee
     fit = fit_budget(xs, ys, 0.05)
-    assert fit["budget"] >= xs[2], "the outlier is pooled with its neighbours, not taken as the crossing alone"
+    assert fit["budget"] >= xs[2], (
+        "the outlier is pooled with its neighbours, not taken as the crossing alone"
+    )
     assert all(a <= b for a, b in zip(fit["fit"], fit["fit"][1:]))
     clean = fit_budget(*knee_points(), 0.05)["budget"]
     xs2, ys2 = knee_points()
@@ -54,7 +56,10 @@ def test_fit_is_robust_to_one_noisy_point():
 
 def test_fit_edge_cases():
     assert fit_budget([0.1, 0.2], [0.0, 0.01], 0.05)["how"] == "all-within"
-    assert fit_budget([0.1, 0.2], [0.3, 0.4], 0.05) | {} and fit_budget([0.1, 0.2], [0.3, 0.4], 0.05)["budget"] == 0.0
+    assert (
+        fit_budget([0.1, 0.2], [0.3, 0.4], 0.05) | {}
+        and fit_budget([0.1, 0.2], [0.3, 0.4], 0.05)["budget"] == 0.0
+    )
 
 
 def test_check_never_admits_above_the_budget():
@@ -86,32 +91,85 @@ def cli(*args, cwd):
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     out = tmp_path_factory.mktemp("cal") / "tiny"
-    result = cli("calibrate", "--pair", "tiny", "--out", str(out), "--noise-grid", "0.01,0.1", "--real", "", "--steps", "2", "--seeds", "1", cwd=out.parent)
+    result = cli(
+        "calibrate",
+        "--pair",
+        "tiny",
+        "--out",
+        str(out),
+        "--noise-grid",
+        "0.01,0.1",
+        "--real",
+        "",
+        "--steps",
+        "2",
+        "--seeds",
+        "1",
+        cwd=out.parent,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return out
 
 
 def test_calibrate_writes_a_valid_budget_and_plot(calibrated):
     budget = json.loads((calibrated / "budget.json").read_text())
-    assert budget["schema_version"] == SCHEMA_VERSION and budget["pair"] == "tiny" and budget["tolerance"]["fraction"] == 0.05
+    assert (
+        budget["schema_version"] == SCHEMA_VERSION
+        and budget["pair"] == "tiny"
+        and budget["tolerance"]["fraction"] == 0.05
+    )
     assert [p["source"] for p in budget["points"]] == ["baseline", "noise 0.01", "noise 0.1"]
     # The baseline engine is the trainer's exact copy: its recorded decode logits differ from the trainer's
     # one-pass scoring only by fp32 rounding of a different computation order (the floor, ~1e-13).
-    assert budget["points"][0]["mismatch"] < 1e-9 and budget["points"][1]["mismatch"] < budget["points"][2]["mismatch"]
+    assert (
+        budget["points"][0]["mismatch"] < 1e-9
+        and budget["points"][1]["mismatch"] < budget["points"][2]["mismatch"]
+    )
     assert budget["budget"] >= 0 and budget["how"] in ("crossing", "all-within", "none-within")
     assert (calibrated / "budget.png").stat().st_size > 0
 
 
 def test_calibrate_resumes_finished_runs(calibrated):
     before = (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text()
-    result = cli("calibrate", "--pair", "tiny", "--out", str(calibrated), "--noise-grid", "0.01,0.1", "--real", "", "--steps", "2", "--seeds", "1", cwd=calibrated.parent)
+    result = cli(
+        "calibrate",
+        "--pair",
+        "tiny",
+        "--out",
+        str(calibrated),
+        "--noise-grid",
+        "0.01,0.1",
+        "--real",
+        "",
+        "--steps",
+        "2",
+        "--seeds",
+        "1",
+        cwd=calibrated.parent,
+    )
     assert result.returncode == 0
-    assert (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text() == before, "finished runs are reused, not redone"
+    assert (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text() == before, (
+        "finished runs are reused, not redone"
+    )
 
 
 def test_check_gives_a_verdict(calibrated):
-    result = cli("check", "--budget", str(calibrated / "budget.json"), "--pair", "tiny", "--noise", "0.3", "--probes", "16", "--json", cwd=calibrated.parent)
+    result = cli(
+        "check",
+        "--budget",
+        str(calibrated / "budget.json"),
+        "--pair",
+        "tiny",
+        "--noise",
+        "0.3",
+        "--probes",
+        "16",
+        "--json",
+        cwd=calibrated.parent,
+    )
     out = json.loads(result.stdout)
-    assert result.returncode == {"admit": 0, "reject": 1, "uncertain": 4}[out["verdict"]], result.stderr[-2000:]
+    assert result.returncode == {"admit": 0, "reject": 1, "uncertain": 4}[out["verdict"]], result.stderr[
+        -2000:
+    ]
     assert out["ci_low"] <= out["mismatch_kl"] <= out["ci_high"] and 8 <= out["probes"] <= 16
     assert out["seconds_vs_calibration_run"] > 0 and out["wall_seconds"] >= out["seconds"]

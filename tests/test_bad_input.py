@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-GOOD_BUDGET = {"schema_version": 2, "pair": "tiny", "budget": 1.0, "how": "crossing", "tolerance": {"nats": 0.01},
-               "seconds_per_run": 10.0}
+GOOD_BUDGET = {
+    "schema_version": 2,
+    "pair": "tiny",
+    "budget": 1.0,
+    "how": "crossing",
+    "tolerance": {"nats": 0.01},
+    "seconds_per_run": 10.0,
+}
 
 
 def write_fixtures(root: Path) -> None:
@@ -25,9 +31,13 @@ def write_fixtures(root: Path) -> None:
     (root / "smollm2_budget.json").write_text(json.dumps({**GOOD_BUDGET, "pair": "smollm2"}))
     (root / "bad_how.json").write_text(json.dumps({**GOOD_BUDGET, "how": "guess"}))
     (root / "empty.jsonl").write_text("")
-    (root / "lengths.jsonl").write_text(json.dumps({"engine_logprobs": [-1.0, -2.0], "train_logprobs": [-1.0]}) + "\n")
+    (root / "lengths.jsonl").write_text(
+        json.dumps({"engine_logprobs": [-1.0, -2.0], "train_logprobs": [-1.0]}) + "\n"
+    )
     (root / "nan.jsonl").write_text('{"engine_logprobs": [-1.0, NaN], "train_logprobs": [-1.0, -2.0]}\n')
-    (root / "positive.jsonl").write_text(json.dumps({"engine_logprobs": [0.5], "train_logprobs": [-1.0]}) + "\n")
+    (root / "positive.jsonl").write_text(
+        json.dumps({"engine_logprobs": [0.5], "train_logprobs": [-1.0]}) + "\n"
+    )
     (root / "notjson.jsonl").write_text('{"engine_logprobs": [-1.0], "train_logprobs": [-1.0]}\n{oops\n')
     (root / "nokey.jsonl").write_text(json.dumps({"engine_logprobs": [-1.0]}) + "\n")
     (root / "broken.pt").write_bytes(b"not a torch file")
@@ -42,8 +52,16 @@ def workdir(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("bad")
     write_fixtures(root)
-    cfg = train.pair_config("tiny", steps=2, batch_size=4, samples_per_prompt=2, eval_every=0, eval_prompts=8,
-                            name="done", out_dir=str(root / "runs"))
+    cfg = train.pair_config(
+        "tiny",
+        steps=2,
+        batch_size=4,
+        samples_per_prompt=2,
+        eval_every=0,
+        eval_prompts=8,
+        name="done",
+        out_dir=str(root / "runs"),
+    )
     train.run(cfg, quiet=True)
     corrupt = root / "runs" / "corrupt"
     corrupt.mkdir()
@@ -53,44 +71,85 @@ def workdir(tmp_path_factory):
 
 
 TRAIN = [
-    (["--pair", "nope"], "--pair"), (["--loss", "forward"], "--loss"), (["--top-p", "1.5"], "--top-p"),
-    (["--top-p", "0"], "--top-p"), (["--steps", "0"], "--steps"), (["--steps", "-3"], "--steps"),
-    (["--prompts", "missing.jsonl"], "missing.jsonl"), (["--device", "tpu"], "--device"),
-    (["--tis-cap", "2"], "--tis-cap 2"), (["--lr", "nan"], "--lr"), (["--lr", "0"], "--lr"), (["--lr", "-1"], "--lr"),
-    (["--lr", "inf"], "--lr"), (["--weight-decay", "nan"], "--weight-decay"), (["--warmup", "-1"], "--warmup"),
-    (["--grad-clip", "-1"], "--grad-clip"), (["--grad-clip", "nan"], "--grad-clip"), (["--noise", "inf"], "--noise"),
-    (["--noise", "-0.1"], "--noise"), (["--noise", "nan"], "--noise"), (["--temperature", "-1"], "--temperature"),
-    (["--staleness", "-1"], "--staleness"), (["--batch-size", "0"], "--batch-size"),
-    (["--samples-per-prompt", "0"], "--samples-per-prompt"), (["--eval-prompts", "0"], "--eval-prompts"),
-    (["--eval-every", "-1"], "--eval-every"), (["--kl-chunk", "0"], "--kl-chunk"), (["--ckpt-every", "-1"], "--ckpt-every"),
-    (["--ckpt-minutes", "nan"], "--ckpt-minutes"), (["--max-new-tokens", "0"], "--max-new-tokens"),
-    (["--weights", "fp16"], "--weights"), (["--kv-cache", "fp4"], "--kv-cache"), (["--kv-scales", "auto"], "--kv-scales"),
-    (["--student-layers", "10"], "--student-layers 10"), (["--seed", "abc"], "--seed"),
+    (["--pair", "nope"], "--pair"),
+    (["--loss", "forward"], "--loss"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--top-p", "0"], "--top-p"),
+    (["--steps", "0"], "--steps"),
+    (["--steps", "-3"], "--steps"),
+    (["--prompts", "missing.jsonl"], "missing.jsonl"),
+    (["--device", "tpu"], "--device"),
+    (["--tis-cap", "2"], "--tis-cap 2"),
+    (["--lr", "nan"], "--lr"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "-1"], "--lr"),
+    (["--lr", "inf"], "--lr"),
+    (["--weight-decay", "nan"], "--weight-decay"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--grad-clip", "-1"], "--grad-clip"),
+    (["--grad-clip", "nan"], "--grad-clip"),
+    (["--noise", "inf"], "--noise"),
+    (["--noise", "-0.1"], "--noise"),
+    (["--noise", "nan"], "--noise"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--staleness", "-1"], "--staleness"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--samples-per-prompt", "0"], "--samples-per-prompt"),
+    (["--eval-prompts", "0"], "--eval-prompts"),
+    (["--eval-every", "-1"], "--eval-every"),
+    (["--kl-chunk", "0"], "--kl-chunk"),
+    (["--ckpt-every", "-1"], "--ckpt-every"),
+    (["--ckpt-minutes", "nan"], "--ckpt-minutes"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--weights", "fp16"], "--weights"),
+    (["--kv-cache", "fp4"], "--kv-cache"),
+    (["--kv-scales", "auto"], "--kv-scales"),
+    (["--student-layers", "10"], "--student-layers 10"),
+    (["--seed", "abc"], "--seed"),
     (["--teacher", "./nope", "--student", "./nope2", "--prompts", "bad.jsonl"], "bad.jsonl:2"),
     (["--teacher", "./nope", "--student", "./nope2", "--prompts", "noanswer.jsonl"], "./nope"),
-    (["--teacher", "x/y"], "--teacher and --student"), (["--prompts", "latin1.jsonl"], "not UTF-8"),
-    (["--prompts", "bad.jsonl"], "bad.jsonl:2"), (["--out-dir", "afile"], "afile"), (["--weights", "fp8-dyn"], "fp8-dyn"),
-    (["--noise", "1e38"], "noise"), (["--loss", "grpo", "--prompts", "noanswer.jsonl"], "--loss grpo"),
-    (["--name", "exists"], "already exists"), (["--resume"], "--resume needs --name"),
-    (["--resume", "--name", "missing"], "nothing to resume"), (["--resume", "--name", "done", "--steps", "1"], "--steps 1"),
+    (["--teacher", "x/y"], "--teacher and --student"),
+    (["--prompts", "latin1.jsonl"], "not UTF-8"),
+    (["--prompts", "bad.jsonl"], "bad.jsonl:2"),
+    (["--out-dir", "afile"], "afile"),
+    (["--weights", "fp8-dyn"], "fp8-dyn"),
+    (["--noise", "1e38"], "noise"),
+    (["--loss", "grpo", "--prompts", "noanswer.jsonl"], "--loss grpo"),
+    (["--name", "exists"], "already exists"),
+    (["--resume"], "--resume needs --name"),
+    (["--resume", "--name", "missing"], "nothing to resume"),
+    (["--resume", "--name", "done", "--steps", "1"], "--steps 1"),
     (["--resume", "--name", "corrupt"], "cannot be read"),
 ]
 OTHERS = [
-    ("mismatch", ["--probes", "0"], "--probes"), ("mismatch", ["--probes", "-5"], "--probes"),
-    ("mismatch", ["--max-new-tokens", "0"], "--max-new-tokens"), ("mismatch", ["--noise", "inf"], "--noise"),
-    ("mismatch", ["--kv-cache", "fp4"], "--kv-cache"), ("mismatch", ["--staleness", "2"], "experiments.py sources"),
-    ("mismatch", ["--pair", "nope"], "--pair"), ("mismatch", ["--prompts", "missing.jsonl"], "missing.jsonl"),
-    ("mismatch", ["--dump-out", "no/such/dir/x.jsonl"], "--dump-out"), ("mismatch", ["--noise", "1e38"], "noise"),
-    ("quant", ["kv-capacity", "--memory-gb", "nan"], "--memory-gb"), ("quant", ["kv-capacity", "--memory-gb", "inf"], "--memory-gb"),
-    ("quant", ["kv-capacity", "--memory-gb", "0"], "--memory-gb"), ("quant", ["kv-capacity", "--pairs", "foo"], "'foo'"),
+    ("mismatch", ["--probes", "0"], "--probes"),
+    ("mismatch", ["--probes", "-5"], "--probes"),
+    ("mismatch", ["--max-new-tokens", "0"], "--max-new-tokens"),
+    ("mismatch", ["--noise", "inf"], "--noise"),
+    ("mismatch", ["--kv-cache", "fp4"], "--kv-cache"),
+    ("mismatch", ["--staleness", "2"], "experiments.py sources"),
+    ("mismatch", ["--pair", "nope"], "--pair"),
+    ("mismatch", ["--prompts", "missing.jsonl"], "missing.jsonl"),
+    ("mismatch", ["--dump-out", "no/such/dir/x.jsonl"], "--dump-out"),
+    ("mismatch", ["--noise", "1e38"], "noise"),
+    ("quant", ["kv-capacity", "--memory-gb", "nan"], "--memory-gb"),
+    ("quant", ["kv-capacity", "--memory-gb", "inf"], "--memory-gb"),
+    ("quant", ["kv-capacity", "--memory-gb", "0"], "--memory-gb"),
+    ("quant", ["kv-capacity", "--pairs", "foo"], "'foo'"),
     ("admit", ["check", "--budget", "good_budget.json", "--probes", "0"], "--probes"),
     ("admit", ["check", "--budget", "good_budget.json", "--probes", "-3"], "--probes"),
-    ("admit", ["check", "--budget", "missing.json"], "missing.json"), ("admit", ["check", "--budget", "nokeys.json"], "budget is None"),
-    ("admit", ["check", "--budget", "nan_budget.json"], "budget is nan"), ("admit", ["check", "--budget", "v1_budget.json"], "schema_version 1"),
-    ("admit", ["check", "--budget", "smollm2_budget.json"], "'smollm2'"), ("admit", ["check", "--budget", "bad_how.json"], "guess"),
-    ("admit", ["check", "--budget", "afile"], "not JSON"), ("admit", ["calibrate", "--tolerance", "1.5"], "--tolerance"),
-    ("admit", ["calibrate", "--noise-grid", "a,b"], "--noise-grid"), ("admit", ["calibrate", "--noise-grid", "nan"], "--noise-grid"),
-    ("admit", ["calibrate", "--real", "bogus"], "bogus"), ("admit", ["calibrate", "--steps", "0"], "--steps"),
+    ("admit", ["check", "--budget", "missing.json"], "missing.json"),
+    ("admit", ["check", "--budget", "nokeys.json"], "budget is None"),
+    ("admit", ["check", "--budget", "nan_budget.json"], "budget is nan"),
+    ("admit", ["check", "--budget", "v1_budget.json"], "schema_version 1"),
+    ("admit", ["check", "--budget", "smollm2_budget.json"], "'smollm2'"),
+    ("admit", ["check", "--budget", "bad_how.json"], "guess"),
+    ("admit", ["check", "--budget", "afile"], "not JSON"),
+    ("admit", ["calibrate", "--tolerance", "1.5"], "--tolerance"),
+    ("admit", ["calibrate", "--noise-grid", "a,b"], "--noise-grid"),
+    ("admit", ["calibrate", "--noise-grid", "nan"], "--noise-grid"),
+    ("admit", ["calibrate", "--real", "bogus"], "bogus"),
+    ("admit", ["calibrate", "--steps", "0"], "--steps"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "empty.jsonl"], "no sequences"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "lengths.jsonl"], "lengths.jsonl:1"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "nan.jsonl"], "nan.jsonl:1"),
@@ -99,16 +158,26 @@ OTHERS = [
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "nokey.jsonl"], "train_logprobs"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "broken.pt"], "broken.pt"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "missing.jsonl"], "missing.jsonl"),
-    ("study", ["validate", "--seeds", "0"], "--seeds"), ("study", ["async", "--steps", "0"], "--steps"),
-    ("study", ["validate", "--pair", "nope"], "--pair"), ("study", ["validate", "--budget", "missing.json"], "missing.json"),
-    ("experiments", ["sources", "--probes", "0"], "--probes"), ("experiments", ["sensitivity", "--weights", "bf16"], "--weights"),
-    ("experiments", ["sensitivity", "--out", "afile"], "afile"), ("experiments", ["sources", "--noise", "-1"], "--noise"),
-    ("rollout", ["--n", "-2"], "--n"), ("rollout", ["--top-p", "2"], "--top-p"), ("models", ["info", "--pair", "nope"], "--pair"),
-    ("opd_minimal", ["--lr", "nan"], "--lr"), ("opd_minimal", ["--batch", "0"], "--batch"),
-    ("opd_minimal", ["--steps", "0"], "--steps"), ("opd_minimal", ["--noise", "-1"], "--noise"),
+    ("study", ["validate", "--seeds", "0"], "--seeds"),
+    ("study", ["async", "--steps", "0"], "--steps"),
+    ("study", ["validate", "--pair", "nope"], "--pair"),
+    ("study", ["validate", "--budget", "missing.json"], "missing.json"),
+    ("experiments", ["sources", "--probes", "0"], "--probes"),
+    ("experiments", ["sensitivity", "--weights", "bf16"], "--weights"),
+    ("experiments", ["sensitivity", "--out", "afile"], "afile"),
+    ("experiments", ["sources", "--noise", "-1"], "--noise"),
+    ("rollout", ["--n", "-2"], "--n"),
+    ("rollout", ["--top-p", "2"], "--top-p"),
+    ("models", ["info", "--pair", "nope"], "--pair"),
+    ("opd_minimal", ["--lr", "nan"], "--lr"),
+    ("opd_minimal", ["--batch", "0"], "--batch"),
+    ("opd_minimal", ["--steps", "0"], "--steps"),
+    ("opd_minimal", ["--noise", "-1"], "--noise"),
 ]
-CASES = [("train", ["--pair", "tiny", *argv] if "--pair" not in argv and "--teacher" not in argv else argv, needle)
-         for argv, needle in TRAIN] + OTHERS
+CASES = [
+    ("train", ["--pair", "tiny", *argv] if "--pair" not in argv and "--teacher" not in argv else argv, needle)
+    for argv, needle in TRAIN
+] + OTHERS
 
 
 def tree(root: Path) -> dict:

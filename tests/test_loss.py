@@ -55,7 +55,13 @@ def test_sampled_estimator_expectation_matches_analytic():
 
 def batch_rollout(pair, n=6, seed=0):
     prompts = [format_prompt(pair.tokenizer, p.text) for p in tiny_problems(n, seed=seed, held_out=False)]
-    return generate(pair.student, pair.tokenizer, prompts, RolloutConfig(max_new_tokens=6), generator=torch.Generator().manual_seed(seed))
+    return generate(
+        pair.student,
+        pair.tokenizer,
+        prompts,
+        RolloutConfig(max_new_tokens=6),
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def direct_opd_loss(student, teacher, rollout):
@@ -104,7 +110,11 @@ def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
     engine.sync(tiny_pair.student, 0)
     prompts = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_problems(8, seed=0, held_out=False)]
     rollout = engine.generate(prompts, generator=torch.Generator().manual_seed(0))
-    kw = dict(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask))
+    kw = dict(
+        input_ids=rollout.tokens,
+        attention_mask=rollout.attention_mask,
+        position_ids=positions(rollout.attention_mask),
+    )
     with torch.no_grad():
         logp_s = torch.log_softmax(tiny_pair.student(**kw).logits[:, :-1], -1)
         logp_t = torch.log_softmax(tiny_pair.teacher(**kw).logits[:, :-1], -1)
@@ -112,8 +122,12 @@ def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
     pick = lambda logp: logp.gather(-1, rollout.tokens[:, 1:, None]).squeeze(-1)[mask]  # noqa: E731
     logp_s_y, logp_t_y = pick(logp_s), pick(logp_t)
     w = (logp_s_y - rollout.logprobs[:, 1:][mask]).exp().clamp(max=1.5)
-    assert (w < 1.5).any() and (w == 1.5).any(), "the noisy engine should give weights on both sides of the cap"
+    assert (w < 1.5).any() and (w == 1.5).any(), (
+        "the noisy engine should give weights on both sides of the cap"
+    )
     with torch.no_grad():
-        loss, _ = opd_loss(tiny_pair.student, tiny_pair.teacher, rollout, estimator="sampled", tis_cap=1.5, chunk=7)
+        loss, _ = opd_loss(
+            tiny_pair.student, tiny_pair.teacher, rollout, estimator="sampled", tis_cap=1.5, chunk=7
+        )
     surrogate = -(w * -(logp_s_y - logp_t_y) * logp_s_y).mean()
     assert_close(loss, surrogate, atol=1e-5, what="TIS-weighted sampled-token loss")

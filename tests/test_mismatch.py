@@ -28,7 +28,10 @@ def test_identical_engine_gives_identity_values(tiny_pair):
 
 
 def test_mismatch_grows_with_noise(tiny_pair):
-    values = [measure_cfg(tiny_pair, RolloutConfig(max_new_tokens=6, noise=s))["mismatch_kl"] for s in (0.003, 0.01, 0.03, 0.1)]
+    values = [
+        measure_cfg(tiny_pair, RolloutConfig(max_new_tokens=6, noise=s))["mismatch_kl"]
+        for s in (0.003, 0.01, 0.03, 0.1)
+    ]
     assert all(a < b for a, b in zip(values, values[1:])), values
 
 
@@ -36,7 +39,11 @@ def test_noise_is_relative_and_seeded(random_model, tokenizer):
     cfg = RolloutConfig(noise=0.1, seed=3)
     a, b = RolloutEngine(random_model, tokenizer, cfg), RolloutEngine(random_model, tokenizer, cfg)
     a.sync(random_model, 5), b.sync(random_model, 5)
-    w, wa, wb = random_model.model.layers[0].mlp.up_proj.weight, a.model.model.layers[0].mlp.up_proj.weight, b.model.model.layers[0].mlp.up_proj.weight
+    w, wa, wb = (
+        random_model.model.layers[0].mlp.up_proj.weight,
+        a.model.model.layers[0].mlp.up_proj.weight,
+        b.model.model.layers[0].mlp.up_proj.weight,
+    )
     assert torch.equal(wa, wb), "same seed and version, same noise"
     rel = ((wa - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt()).item()
     assert 0.09 < rel < 0.11, rel
@@ -63,7 +70,13 @@ def test_staleness_zero_equals_synchronous(tiny_pair):
     from rollout import generate
 
     ours = engine.generate(prompts, generator=torch.Generator().manual_seed(1))
-    sync = generate(tiny_pair.student, tiny_pair.tokenizer, prompts, RolloutConfig(max_new_tokens=6), generator=torch.Generator().manual_seed(1))
+    sync = generate(
+        tiny_pair.student,
+        tiny_pair.tokenizer,
+        prompts,
+        RolloutConfig(max_new_tokens=6),
+        generator=torch.Generator().manual_seed(1),
+    )
     assert torch.equal(ours.tokens, sync.tokens) and torch.equal(ours.logprobs, sync.logprobs)
 
 
@@ -74,7 +87,10 @@ def test_exact_kl_equals_direct_and_k3_matches_in_expectation():
     exact = (logp_e.exp() * (logp_e - logp_t)).sum()
     p = logp_e.exp()
     ys = torch.arange(5)
-    per_y = [sampled_token_metrics(logp_e[y : y + 1], logp_t[y : y + 1], torch.zeros(1, dtype=torch.long)) for y in ys]
+    per_y = [
+        sampled_token_metrics(logp_e[y : y + 1], logp_t[y : y + 1], torch.zeros(1, dtype=torch.long))
+        for y in ys
+    ]
     assert_close((p * torch.tensor([m["k3"] for m in per_y])).sum(), exact, atol=1e-6, what="E[k3]")
     assert_close((p * torch.tensor([m["k1"] for m in per_y])).sum(), exact, atol=1e-6, what="E[k1]")
 
@@ -100,7 +116,19 @@ def run_cli(script, *args, cwd=None):
 def test_mismatch_cli_json_has_each_source_and_combined():
     import json
 
-    args = ("--pair", "tiny", "--probes", "16", "--weights", "fp8", "--noise", "0.01", "--staleness", "1", "--json")
+    args = (
+        "--pair",
+        "tiny",
+        "--probes",
+        "16",
+        "--weights",
+        "fp8",
+        "--noise",
+        "0.01",
+        "--staleness",
+        "1",
+        "--json",
+    )
     result = run_cli("experiments.py", "sources", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(result.stdout)["rows"]
@@ -126,7 +154,18 @@ def test_kv_capacity_cli_shows_the_fp8_ratio():
 def test_sensitivity_cli_writes_ranking_and_plot(tmp_path):
     import json
 
-    result = run_cli("experiments.py", "sensitivity", "--pair", "tiny", "--probes", "16", "--max-new-tokens", "6", "--out", str(tmp_path))
+    result = run_cli(
+        "experiments.py",
+        "sensitivity",
+        "--pair",
+        "tiny",
+        "--probes",
+        "16",
+        "--max-new-tokens",
+        "6",
+        "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads((tmp_path / "sensitivity_tiny_fp8.json").read_text())
     assert sorted(data["ranking"]) == [0, 1] and data["recipe_mismatch"] <= data["all_fp8"]
@@ -138,16 +177,27 @@ def test_rescored_token_kl_equals_direct_full_forward(tiny_pair):
     from mismatch import rescored_token_kl
     from rollout import positions
 
-    engine = RolloutEngine(tiny_pair.student, tiny_pair.tokenizer, RolloutConfig(max_new_tokens=6, noise=0.05))
+    engine = RolloutEngine(
+        tiny_pair.student, tiny_pair.tokenizer, RolloutConfig(max_new_tokens=6, noise=0.05)
+    )
     engine.sync(tiny_pair.student, 0)
     rollout = engine.generate(probes(tiny_pair, 16), generator=torch.Generator().manual_seed(0))
-    kw = dict(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask))
+    kw = dict(
+        input_ids=rollout.tokens,
+        attention_mask=rollout.attention_mask,
+        position_ids=positions(rollout.attention_mask),
+    )
     with torch.no_grad():
         logp_e = torch.log_softmax(engine.model(**kw).logits[:, :-1].double(), -1)
         logp_t = torch.log_softmax(tiny_pair.student(**kw).logits[:, :-1].double(), -1)
     direct = (logp_e.exp() * (logp_e - logp_t)).sum(-1)[rollout.response_mask[:, 1:].bool()]
     for chunk in (5, 1000):
-        assert_close(rescored_token_kl(engine, tiny_pair.student, rollout, chunk=chunk), direct, atol=1e-6, what=f"chunk {chunk}")
+        assert_close(
+            rescored_token_kl(engine, tiny_pair.student, rollout, chunk=chunk),
+            direct,
+            atol=1e-6,
+            what=f"chunk {chunk}",
+        )
 
 
 def test_prefix_shift_kl_is_the_running_sum_of_earlier_token_kls(tiny_pair):
@@ -163,3 +213,49 @@ def test_prefix_shift_kl_is_the_running_sum_of_earlier_token_kls(tiny_pair):
         expected += [kl_N[i : i + j].sum() for j in range(n)]
         i += n
     assert_close(prefix_shift_kl(kl_N, rollout), torch.stack(expected), atol=1e-6, what="prefix KL")
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [RolloutConfig(max_new_tokens=6, weights="bf16"), RolloutConfig(max_new_tokens=6, kv_cache="fp8")],
+    ids=["bf16", "fp8-kv"],
+)
+def test_mismatch_kl_equals_a_float64_replay_of_the_engine_decode(tiny_pair, cfg):
+    """mismatch_kl (from the distributions the engine recorded, against the loss's own student forward) equals
+    the KL of a replay of the engine's schedule (its dtype and cache, prefill, then one token at a time)
+    against a separate full forward of the trainer, both in float64, within 1e-5 relative."""
+    from loss import opd_loss
+    from transformers import DynamicCache
+
+    from rollout import decode, encode_prompts, positions, prefill
+
+    prompts = probes(tiny_pair, 32)
+    calib = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_pair.train_prompts[:8]]
+    engine = RolloutEngine(tiny_pair.student, tiny_pair.tokenizer, cfg, probe_prompts=calib)
+    engine.sync(tiny_pair.student, 0)
+    rollout = engine.generate(prompts, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, stats = opd_loss(tiny_pair.student, tiny_pair.teacher, rollout)
+        ids, attn = encode_prompts(tiny_pair.tokenizer, prompts, "cpu")
+        P, N = ids.shape[1], rollout.tokens.shape[1] - ids.shape[1]
+        cache = engine.new_cache() or DynamicCache(config=engine.model.config)
+        attn_all = torch.cat([attn, torch.ones(len(prompts), N, dtype=attn.dtype)], 1)
+        steps = [prefill(engine.model, ids, attn, cache)]
+        for t in range(N - 1):
+            steps.append(decode(engine.model, rollout.tokens[:, P + t], attn_all[:, : P + t + 1], cache))
+        logp_e = torch.log_softmax(torch.stack(steps, 1).double(), -1)  # [B, N, V]
+        kw = dict(
+            input_ids=rollout.tokens,
+            attention_mask=rollout.attention_mask,
+            position_ids=positions(rollout.attention_mask),
+        )
+        logp_t = torch.log_softmax(
+            tiny_pair.student(**kw).logits[:, P - 1 : -1].double(), -1
+        )  # predicts P..P+N-1
+    replay = (logp_e.exp() * (logp_e - logp_t)).sum(-1)[rollout.response_mask[:, P:].bool()]
+    ours = stats["mismatch_N"]
+    assert replay.mean() > 0, "the engine differs from the trainer, so the KL is positive"
+    rel = abs(ours.mean().item() - replay.mean().item()) / replay.mean().item()
+    assert rel <= 1e-5, (
+        f"mismatch_kl {ours.mean().item():.9g} vs replay {replay.mean().item():.9g}: {rel:.2e} relative"
+    )

@@ -1,11 +1,10 @@
 """The pairs load offline from what the repo and setup.sh provide."""
 
-
 import pytest
 import torch
 
 from models import BadInput, load_hf_pair, load_pair, read_prompts, tiny_problems, TINY_DIR
-from train import exact_match_accuracy
+from evaluate import exact_match_accuracy
 
 
 def test_tiny_loads_from_committed_files_and_teacher_beats_student(tiny_pair):
@@ -28,7 +27,10 @@ def test_smollm2_teacher_loads_offline(monkeypatch):
     pair = load_pair("smollm2", student_layers=24)
     assert pair.teacher.config.num_hidden_layers == 30 and pair.student.config.num_hidden_layers == 24
     assert len(pair.train_prompts) >= 200 and len(pair.eval_prompts) >= 50
-    assert not hasattr(pair.teacher.config, "quantization_config") or pair.teacher.config.quantization_config is None
+    assert (
+        not hasattr(pair.teacher.config, "quantization_config")
+        or pair.teacher.config.quantization_config is None
+    )
     # The student's layers are copies of the teacher's, renumbered for the KV cache.
     assert [layer.self_attn.layer_idx for layer in pair.student.model.layers] == list(range(24))
     ids = pair.tokenizer("Hello", return_tensors="pt").input_ids
@@ -46,7 +48,13 @@ def test_smollm2_greedy_matches_hf_generate(monkeypatch):
     prompts = [format_prompt(tok, p.text) for p in pair.eval_prompts[:3]]
     ours = generate(pair.student, tok, prompts, RolloutConfig(temperature=0, max_new_tokens=12))
     enc = tok(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
-    theirs = pair.student.generate(**enc, do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    theirs = pair.student.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=12,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     theirs = theirs[:, enc.input_ids.shape[1] :]
     assert torch.equal(ours.tokens[:, ours.prompt_len :][:, : theirs.shape[1]], theirs)
 

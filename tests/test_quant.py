@@ -5,7 +5,15 @@ import torch
 from conftest import assert_close
 
 from models import BadInput, format_prompt, tiny_problems
-from quant import FP8_MAX, KVScales, dequantize_fp8, fp8_scale, kv_bytes_per_token, quantize_fp8, quantize_weights
+from quant import (
+    FP8_MAX,
+    KVScales,
+    dequantize_fp8,
+    fp8_scale,
+    kv_bytes_per_token,
+    quantize_fp8,
+    quantize_weights,
+)
 from rollout import RolloutConfig, RolloutEngine
 from rollout import response_hidden
 
@@ -25,14 +33,18 @@ def test_calibrated_scale_maps_amax_to_448_and_unit_saturates():
     x = torch.tensor([[0.5, -1000.0, 3.0, 1e-6]])
     s = fp8_scale(x, dims=(1,))
     assert quantize_fp8(x, s).float().abs().max().item() == FP8_MAX
-    assert_close(dequantize_fp8(quantize_fp8(x, s), s)[0, 1], torch.tensor(-1000.0), atol=1e-3, what="amax survives")
+    assert_close(
+        dequantize_fp8(quantize_fp8(x, s), s)[0, 1], torch.tensor(-1000.0), atol=1e-3, what="amax survives"
+    )
     unit = torch.ones(1, 1)
     q = dequantize_fp8(quantize_fp8(x, unit), unit)
     assert torch.isfinite(q).all(), "beyond ±448 must saturate, not become NaN"
     assert q[0, 1].item() == -FP8_MAX
     assert q[0, 3].item() == 0.0, "1e-6 is below e4m3's smallest subnormal (2^-9) with a unit scale"
     zero = torch.zeros(2, 3)
-    assert torch.isfinite(dequantize_fp8(quantize_fp8(zero, fp8_scale(zero, (1,))), fp8_scale(zero, (1,)))).all()
+    assert torch.isfinite(
+        dequantize_fp8(quantize_fp8(zero, fp8_scale(zero, (1,))), fp8_scale(zero, (1,)))
+    ).all()
 
 
 def engine_logprobs(pair, cfg, prompts):
@@ -46,7 +58,9 @@ def engine_logprobs(pair, cfg, prompts):
 def test_fp8_kv_cache_logprobs_close_to_full_precision(tiny_pair):
     prompts = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_problems(32, seed=4, held_out=True)]
     ref_engine, ref = engine_logprobs(tiny_pair, RolloutConfig(temperature=0, max_new_tokens=6), prompts)
-    fp8_engine, fp8 = engine_logprobs(tiny_pair, RolloutConfig(temperature=0, max_new_tokens=6, kv_cache="fp8"), prompts)
+    fp8_engine, fp8 = engine_logprobs(
+        tiny_pair, RolloutConfig(temperature=0, max_new_tokens=6, kv_cache="fp8"), prompts
+    )
     # Score the same tokens through both caches (teacher forcing), so differences are the cache's alone.
     with torch.no_grad():
         h_ref, y = response_hidden(ref_engine.model, ref)
@@ -73,8 +87,17 @@ def test_fp8_kv_cache_memory(tiny_pair):
     prompts = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_problems(4, seed=4, held_out=True)]
     from rollout import generate
 
-    generate(tiny_pair.student, tiny_pair.tokenizer, prompts, RolloutConfig(max_new_tokens=6, ignore_eos=True), cache=cache)
-    stored = sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size() for l in cache.layers)
+    generate(
+        tiny_pair.student,
+        tiny_pair.tokenizer,
+        prompts,
+        RolloutConfig(max_new_tokens=6, ignore_eos=True),
+        cache=cache,
+    )
+    stored = sum(
+        l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size()
+        for l in cache.layers
+    )
     scales = sum(l.key_scale.numel() * 4 + l.value_scale.numel() * 4 for l in cache.layers)
     tokens = cache.layers[0].keys.shape[0] * cache.layers[0].keys.shape[2]
     bf16_bytes = tokens * kv_bytes_per_token(cfg, "bf16")
@@ -94,13 +117,17 @@ def test_fp8_weights_run_on_cpu_and_stay_close(tiny_pair, mode):
     import copy
 
     model = quantize_weights(copy.deepcopy(tiny_pair.student), mode)
-    ids = tiny_pair.tokenizer([format_prompt(tiny_pair.tokenizer, "123+45=")], add_special_tokens=False, return_tensors="pt").input_ids
+    ids = tiny_pair.tokenizer(
+        [format_prompt(tiny_pair.tokenizer, "123+45=")], add_special_tokens=False, return_tensors="pt"
+    ).input_ids
     with torch.no_grad():
         ref, out = tiny_pair.student(ids).logits, model(ids).logits
     assert torch.isfinite(out).all()
     # e4m3 rounds each weight (and, for fp8-emu, each activation) by up to 6%: a small, nonzero change.
     assert 0 < (out - ref).abs().max() < 0.25 * ref.abs().max(), (out - ref).abs().max()
-    assert type(model.lm_head) is torch.nn.Linear and not type(model.lm_head.weight).__name__.startswith("Float8"), "lm_head is skipped"
+    assert type(model.lm_head) is torch.nn.Linear and not type(model.lm_head.weight).__name__.startswith(
+        "Float8"
+    ), "lm_head is skipped"
 
 
 def test_fp8_emu_engine_samples_a_left_padded_batch(tiny_pair):
@@ -121,6 +148,10 @@ def test_torchao_fp8_weights_equal_per_row_round_trip(tiny_pair):
                 s = fp8_scale(m.weight, dims=(1,))
                 m.weight.copy_(dequantize_fp8(quantize_fp8(m.weight, s), s))
     torchao_model = quantize_weights(copy.deepcopy(tiny_pair.student), "fp8")
-    ids = tiny_pair.tokenizer([format_prompt(tiny_pair.tokenizer, "123+45=")], add_special_tokens=False, return_tensors="pt").input_ids
+    ids = tiny_pair.tokenizer(
+        [format_prompt(tiny_pair.tokenizer, "123+45=")], add_special_tokens=False, return_tensors="pt"
+    ).input_ids
     with torch.no_grad():
-        assert_close(torchao_model(ids).logits, ours(ids).logits, atol=1e-4, what="torchao fp8 vs per-row round trip")
+        assert_close(
+            torchao_model(ids).logits, ours(ids).logits, atol=1e-4, what="torchao fp8 vs per-row round trip"
+        )

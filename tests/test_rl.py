@@ -40,16 +40,41 @@ def test_grpo_loss_equals_direct_computation(tiny_pair):
     engine = RolloutEngine(tiny_pair.student, tiny_pair.tokenizer, RolloutConfig(max_new_tokens=6, noise=0.2))
     engine.sync(tiny_pair.student, 0)
     problems = [p for p in tiny_problems(4, seed=3, held_out=False) for _ in range(3)]
-    rollout = engine.generate([format_prompt(tiny_pair.tokenizer, p.text) for p in problems], generator=torch.Generator().manual_seed(1))
+    rollout = engine.generate(
+        [format_prompt(tiny_pair.tokenizer, p.text) for p in problems],
+        generator=torch.Generator().manual_seed(1),
+    )
     adv_B = torch.randn(len(problems))
-    kw = dict(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask))
-    logp_s_B_T = torch.log_softmax(tiny_pair.student(**kw).logits[:, :-1], -1).gather(-1, rollout.tokens[:, 1:, None]).squeeze(-1)
+    kw = dict(
+        input_ids=rollout.tokens,
+        attention_mask=rollout.attention_mask,
+        position_ids=positions(rollout.attention_mask),
+    )
+    logp_s_B_T = (
+        torch.log_softmax(tiny_pair.student(**kw).logits[:, :-1], -1)
+        .gather(-1, rollout.tokens[:, 1:, None])
+        .squeeze(-1)
+    )
     mask_B_T = rollout.response_mask[:, 1:].float()
     for cap in (0.0, 1.5):
-        w_B_T = (logp_s_B_T.detach() - rollout.logprobs[:, 1:]).exp().clamp(max=cap) if cap else torch.ones_like(mask_B_T)
+        w_B_T = (
+            (logp_s_B_T.detach() - rollout.logprobs[:, 1:]).exp().clamp(max=cap)
+            if cap
+            else torch.ones_like(mask_B_T)
+        )
         expected = -(w_B_T * adv_B[:, None] * logp_s_B_T * mask_B_T).sum() / mask_B_T.sum()
-        (g_expected,) = torch.autograd.grad(expected, tiny_pair.student.model.layers[0].mlp.up_proj.weight, retain_graph=True)
-        loss, _ = opd_loss(tiny_pair.student, tiny_pair.teacher, rollout, estimator="grpo", tis_cap=cap, advantages_B=adv_B, chunk=5)
+        (g_expected,) = torch.autograd.grad(
+            expected, tiny_pair.student.model.layers[0].mlp.up_proj.weight, retain_graph=True
+        )
+        loss, _ = opd_loss(
+            tiny_pair.student,
+            tiny_pair.teacher,
+            rollout,
+            estimator="grpo",
+            tis_cap=cap,
+            advantages_B=adv_B,
+            chunk=5,
+        )
         (g,) = torch.autograd.grad(loss, tiny_pair.student.model.layers[0].mlp.up_proj.weight)
         assert_close(loss, expected, atol=1e-5, what=f"grpo loss, cap {cap}")
         assert_close(g, g_expected, atol=1e-5, what=f"grpo gradient, cap {cap}")

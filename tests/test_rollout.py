@@ -33,7 +33,9 @@ def ours_as_hf(rollout, tokenizer, width):
 def test_greedy_matches_hf_generate_tiny(tiny_pair):
     prompts = tiny_prompts(tiny_pair.tokenizer, n=8)
     assert len({len(p) for p in prompts}) > 1, "want a left-padded batch"
-    ours = generate(tiny_pair.student, tiny_pair.tokenizer, prompts, RolloutConfig(temperature=0, max_new_tokens=6))
+    ours = generate(
+        tiny_pair.student, tiny_pair.tokenizer, prompts, RolloutConfig(temperature=0, max_new_tokens=6)
+    )
     theirs = hf_greedy(tiny_pair.student, tiny_pair.tokenizer, prompts, 6)
     assert torch.equal(ours_as_hf(ours, tiny_pair.tokenizer, theirs.shape[1]), theirs)
 
@@ -48,14 +50,27 @@ def test_greedy_matches_hf_generate_random_model_long(random_model, tokenizer):
 
 def full_forward_logprobs(model, rollout, temperature=1.0):
     """Oracle: one uncached forward over the whole sequence; log-softmax at each response token."""
-    logits = model(input_ids=rollout.tokens, attention_mask=rollout.attention_mask, position_ids=positions(rollout.attention_mask)).logits
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, -1).gather(-1, rollout.tokens[:, 1:, None]).squeeze(-1)
+    logits = model(
+        input_ids=rollout.tokens,
+        attention_mask=rollout.attention_mask,
+        position_ids=positions(rollout.attention_mask),
+    ).logits
+    logp = (
+        torch.log_softmax(logits[:, :-1].float() / temperature, -1)
+        .gather(-1, rollout.tokens[:, 1:, None])
+        .squeeze(-1)
+    )
     return torch.nn.functional.pad(logp, (1, 0))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_uncached_forward(random_model, tokenizer, temperature):
-    rollout = generate(random_model, tokenizer, tiny_prompts(tokenizer), RolloutConfig(temperature=temperature, max_new_tokens=12))
+    rollout = generate(
+        random_model,
+        tokenizer,
+        tiny_prompts(tokenizer),
+        RolloutConfig(temperature=temperature, max_new_tokens=12),
+    )
     with torch.no_grad():
         expected = full_forward_logprobs(random_model, rollout, temperature)
     mask = rollout.response_mask.bool()
@@ -97,12 +112,16 @@ def test_eos_ends_rows_and_length_limit(tiny_pair):
         assert (row[n:] == tok.pad_token_id).all()
     assert (mask.sum(1) < 6).any(), "some row should stop at EOS before the limit"
     # The final attention mask covers prompt + response, nothing after EOS.
-    assert torch.equal(rollout.attention_mask[:, rollout.prompt_len :], rollout.response_mask[:, rollout.prompt_len :])
+    assert torch.equal(
+        rollout.attention_mask[:, rollout.prompt_len :], rollout.response_mask[:, rollout.prompt_len :]
+    )
 
 
 def test_ignore_eos_fills_the_length(tiny_pair):
     tok = tiny_pair.tokenizer
-    rollout = generate(tiny_pair.student, tok, tiny_prompts(tok, n=4), RolloutConfig(max_new_tokens=9, ignore_eos=True))
+    rollout = generate(
+        tiny_pair.student, tok, tiny_prompts(tok, n=4), RolloutConfig(max_new_tokens=9, ignore_eos=True)
+    )
     assert (rollout.response_mask.sum(1) == 9).all()
 
 
@@ -110,17 +129,27 @@ def test_top_p_filter_keeps_the_nucleus():
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     kept = top_p_filter(p.log(), top_p=0.7).exp()
     assert_close(kept, torch.tensor([[0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]]), atol=1e-6, what="nucleus 0.7")
-    assert_close(top_p_filter(p.log(), top_p=0.1).exp(), torch.tensor([[1.0, 0, 0, 0]]), atol=1e-6, what="nucleus 0.1")
+    assert_close(
+        top_p_filter(p.log(), top_p=0.1).exp(), torch.tensor([[1.0, 0, 0, 0]]), atol=1e-6, what="nucleus 0.1"
+    )
     assert_close(top_p_filter(p.log(), top_p=1.0).exp(), p, atol=1e-6, what="nucleus 1.0")
 
 
 def test_top_p_restricts_sampled_support(random_model, tokenizer):
     prompts = tiny_prompts(tokenizer, n=1) * 64
     full = generate(random_model, tokenizer, prompts, RolloutConfig(max_new_tokens=1, ignore_eos=True))
-    cut = generate(random_model, tokenizer, prompts, RolloutConfig(max_new_tokens=1, ignore_eos=True, top_p=0.3))
+    cut = generate(
+        random_model, tokenizer, prompts, RolloutConfig(max_new_tokens=1, ignore_eos=True, top_p=0.3)
+    )
     with torch.no_grad():
-        logits = random_model(**tokenizer(prompts[:1], add_special_tokens=False, return_tensors="pt")).logits[0, -1]
-    nucleus = set(torch.nonzero(top_p_filter(torch.log_softmax(logits, -1)[None], 0.3)[0] > float("-inf")).flatten().tolist())
+        logits = random_model(**tokenizer(prompts[:1], add_special_tokens=False, return_tensors="pt")).logits[
+            0, -1
+        ]
+    nucleus = set(
+        torch.nonzero(top_p_filter(torch.log_softmax(logits, -1)[None], 0.3)[0] > float("-inf"))
+        .flatten()
+        .tolist()
+    )
     sampled_cut = set(cut.tokens[:, -1].tolist())
     assert sampled_cut <= nucleus
     assert len(set(full.tokens[:, -1].tolist())) > len(nucleus), "without truncation the support is wider"

@@ -1,8 +1,6 @@
 """study.py's pure parts: time to quality, the modeled GPU projection, and the report."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import study
@@ -23,13 +21,22 @@ def test_modeled_gpu_projection():
     m = study.modeled_gpu(0.5, 0.5)
     assert m == {"sync bf16": 1.0, "async bf16": 0.5, "sync fp8": 0.75, "async fp8": 0.5}
     m = study.modeled_gpu(0.9, 0.5)  # generation-bound: async hides training, FP8 halves generation
-    assert abs(m["async bf16"] - 0.9) < 1e-12 and abs(m["async fp8"] - 0.45) < 1e-12 and abs(m["sync fp8"] - 0.55) < 1e-12
+    assert (
+        abs(m["async bf16"] - 0.9) < 1e-12
+        and abs(m["async fp8"] - 0.45) < 1e-12
+        and abs(m["sync fp8"] - 0.55) < 1e-12
+    )
 
 
 def test_report_names_the_command_of_every_missing_result(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     summary = study.report().read_text()
-    for command in ("python study.py validate --pair tiny", "python study.py rl", "python study.py prefix", "python study.py async"):
+    for command in (
+        "python study.py validate --pair tiny",
+        "python study.py rl",
+        "python study.py prefix",
+        "python study.py async",
+    ):
         assert f"(not run yet: `{command}`)" in summary
 
 
@@ -37,7 +44,19 @@ def test_validation_table_counts_agreement_on_decided_verdicts_only():
     rows = [{"candidate": "a", "check_mismatch": 0.1, "ci": [0.05, 0.2], "verdict": "admit", "train_mismatch": 0.1, "quality_loss": 0.0, "outcome": "within", "agree": True},
             {"candidate": "b", "check_mismatch": 5.0, "ci": [4.0, 6.0], "verdict": "reject", "train_mismatch": 5.0, "quality_loss": 0.3, "outcome": "beyond", "agree": True},
             {"candidate": "c", "check_mismatch": 2.0, "ci": [1.0, 3.0], "verdict": "uncertain", "train_mismatch": 2.0, "quality_loss": 0.0, "outcome": "within", "agree": None}]  # fmt: skip
-    result = {"rows": rows, "agreement": 1.0, "decided": 2, "budget": 2.5, "budget_how": "crossing", "tolerance_nats": 0.01, "steps": 60, "seeds": 2, "device": "CPU"}
+    result = {
+        "rows": rows,
+        "agreement": 1.0,
+        "decided": 2,
+        "budget": 2.5,
+        "budget_how": "crossing",
+        "tolerance_nats": 0.01,
+        "steps": 60,
+        "seeds": 2,
+        "device": "CPU",
+    }
     table = study.validation_table(json.loads(json.dumps(result)))
     assert "agreement on decided verdicts: 100% (2 of 3 decided)" in table
-    assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(rows)  # header + a row per candidate
+    assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(
+        rows
+    )  # header + a row per candidate

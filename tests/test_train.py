@@ -9,12 +9,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--pair", "tiny", "--batch-size", "4", "--samples-per-prompt", "2", "--eval-prompts", "8", "--eval-every", "2"]
+TINY = [
+    "--pair",
+    "tiny",
+    "--batch-size",
+    "4",
+    "--samples-per-prompt",
+    "2",
+    "--eval-prompts",
+    "8",
+    "--eval-every",
+    "2",
+]
 
 
 def cli(*args, cwd):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -51,7 +69,9 @@ def test_resume_repeats_an_uninterrupted_run(tmp_path):
         f.write(json.dumps({"step": 3, "loss": 123.0}) + "\n" + '{"step": 4, "lo')
     resumed = cli("--name", "part", "--resume", "--steps", "4", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert without_time(metrics(tmp_path / "runs" / "part")) == without_time(metrics(tmp_path / "runs" / "full"))
+    assert without_time(metrics(tmp_path / "runs" / "part")) == without_time(
+        metrics(tmp_path / "runs" / "full")
+    )
 
 
 @pytest.mark.parametrize(
@@ -79,7 +99,11 @@ def test_malformed_prompt_line_reports_its_number(tmp_path):
 def test_grpo_refuses_prompts_without_answers(tmp_path):
     (tmp_path / "p.jsonl").write_text("".join(f'{{"prompt": "{i}+1="}}\n' for i in range(20)))
     result = cli(*TINY, "--prompts", "p.jsonl", "--loss", "grpo", "--name", "g", cwd=tmp_path)
-    assert result.returncode == 2 and "--loss grpo needs a verifiable reward" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2
+        and "--loss grpo needs a verifiable reward" in result.stderr
+        and "Traceback" not in result.stderr
+    )
     assert not (tmp_path / "runs" / "g" / "metrics.jsonl").exists()
 
 
@@ -93,7 +117,12 @@ def test_existing_run_is_not_overwritten(tmp_path):
 
 
 def test_opd_minimal_runs():
-    result = subprocess.run([sys.executable, str(ROOT / "opd_minimal.py"), "--steps", "6"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "opd_minimal.py"), "--steps", "6"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "step" in result.stdout and "reverse KL" in result.stdout
 
@@ -106,7 +135,17 @@ def test_async_batches_are_exactly_one_version_stale(tmp_path):
     from train import pair_config, run
 
     def go(name, **over):
-        cfg = pair_config("tiny", steps=5, batch_size=4, samples_per_prompt=2, eval_every=0, eval_prompts=8, name=name, out_dir=str(tmp_path), **over)
+        cfg = pair_config(
+            "tiny",
+            steps=5,
+            batch_size=4,
+            samples_per_prompt=2,
+            eval_every=0,
+            eval_prompts=8,
+            name=name,
+            out_dir=str(tmp_path),
+            **over,
+        )
         if name == "stale1":
             cfg.rollout = replace(cfg.rollout, staleness=1)
         return [r for r in run(cfg, quiet=True) if r["step"] > 0]
@@ -118,3 +157,89 @@ def test_async_batches_are_exactly_one_version_stale(tmp_path):
         for key in ("loss", "rkl", "mismatch_kl", "tokens"):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (a["step"], key, a[key], b[key])
     assert asyn[-1]["mismatch_kl"] > 0  # the trainer really is a version ahead of the batch
+
+
+def finished_metrics(run_dir: Path) -> list[dict]:
+    return without_time(metrics(run_dir))
+
+
+@pytest.mark.parametrize("mode", [["--async"], ["--staleness", "2"]], ids=["async", "staleness2"])
+def test_kill_9_then_resume_is_exact_for_stale_and_async_runs(tmp_path, mode):
+    """kill -9 at a random step, then --resume: every metric equals the uninterrupted run's, because the
+    checkpoint carries the engine's old snapshots and the batch the async worker had prepared."""
+    import random
+    import signal
+    import time
+
+    args = [*TINY, "--steps", "7", "--ckpt-every", "1", "--eval-every", "3", *mode]
+    full = cli(*args, "--name", "full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr[-2000:]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, "--name", "killed"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    target, path = random.Random(0).randint(3, 5), tmp_path / "runs" / "killed" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:  # kill once `target` steps are logged
+        if path.exists() and len(path.read_text().splitlines()) > target:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    resumed = cli("--name", "killed", "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert finished_metrics(tmp_path / "runs" / "killed") == finished_metrics(tmp_path / "runs" / "full")
+
+
+def test_nan_halts_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path):
+    import torch
+
+    result = cli(
+        *TINY,
+        "--steps",
+        "30",
+        "--lr",
+        "1e6",
+        "--grad-clip",
+        "0",
+        "--ckpt-every",
+        "1",
+        "--name",
+        "nan",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert (
+        line.startswith("error: step ")
+        and "not" not in line.split(":")[0]
+        and "Traceback" not in result.stderr
+    )
+    run_dir = tmp_path / "runs" / "nan"
+    records = [
+        json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]  # strict JSON throughout
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert state["step"] == records[-1]["step"], "the checkpoint is the last logged step"
+    assert all(torch.isfinite(t).all() for t in state["student"].values()), "no NaN reaches a checkpoint"
+
+
+def test_a_second_process_on_a_live_run_folder_is_refused(tmp_path):
+    import socket
+
+    first = cli(*TINY, "--steps", "1", "--name", "locked", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    lock = tmp_path / "runs" / "locked" / ".lock"
+    lock.write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    )  # this test process is alive
+    second = cli("--name", "locked", "--resume", "--steps", "2", cwd=tmp_path)
+    assert second.returncode == 2 and "in use by PID" in second.stderr, second.stderr
+    lock.write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname()}))  # a PID that is not running
+    third = cli("--name", "locked", "--resume", "--steps", "2", cwd=tmp_path)
+    assert third.returncode == 0 and "taking over" in third.stderr, third.stderr[-2000:]
+    assert not lock.exists(), "the lock is released at the end"
