@@ -47,8 +47,10 @@ from runfiles import atomic_write_text, run_seconds
 from train import pair_config, run_or_resume, trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
-SCALE = ("mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, on the engine's samples of "
-         "held-out probe prompts, against the untrained student (what check measures)")
+SCALE = (
+    "mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, "
+    "on the engine's samples of held-out probe prompts, against the untrained student (what check measures)"
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -88,7 +90,9 @@ def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> di
     return {"budget": budget, "how": "crossing", "x": xs, "fit": fit}
 
 
-def verdict(lo: float, hi: float, mean: float, budget: float, n_probes: int, available: int | None = None) -> dict:
+def verdict(
+    lo: float, hi: float, mean: float, budget: float, n_probes: int, available: int | None = None
+) -> dict:
     """admit if hi < budget, reject if lo > budget, else uncertain with an estimate of the probes needed.
 
     The interval's half-width shrinks like 1/sqrt(n); it must shrink below |mean − budget| to decide:
@@ -115,8 +119,12 @@ def verdict(lo: float, hi: float, mean: float, budget: float, n_probes: int, ava
 def calibration_configs(noise_grid: list[float], real: list[str]) -> list[tuple[str, dict]]:
     """(source label, rollout overrides): the baseline, the noise grid and the real configurations."""
     configs = [("baseline", {})] + [(f"noise {s:g}", {"noise": s}) for s in noise_grid if s > 0]
-    named = {"fp8": {"weights": "fp8"}, "fp8-emu": {"weights": "fp8-emu"}, "kv-fp8": {"kv_cache": "fp8"},
-             "kv-fp8-unit": {"kv_cache": "fp8", "kv_scales": "unit"}}  # fmt: skip
+    named = {
+        "fp8": {"weights": "fp8"},
+        "fp8-emu": {"weights": "fp8-emu"},
+        "kv-fp8": {"kv_cache": "fp8"},
+        "kv-fp8-unit": {"kv_cache": "fp8", "kv_scales": "unit"},
+    }
     for r in real:
         if r.startswith("staleness-") and r[len("staleness-") :].isdigit():
             configs.append((r.replace("-", " "), {"staleness": int(r[len("staleness-") :])}))
@@ -128,17 +136,30 @@ def calibration_configs(noise_grid: list[float], real: list[str]) -> list[tuple[
 
 
 def run_point(records: list[dict]) -> dict:
-    """A finished run as one point: its mean per-step mismatch (and prefix-shift part), start and final quality."""
+    """A finished run as one point: its mean per-step mismatch (and prefix-shift part), start and final
+    quality."""
     train = [r for r in records if "mismatch_kl" in r]
     evals = [r for r in records if "eval_rkl" in r]
-    mean = lambda key: sum(r.get(key, 0.0) for r in train) / len(train)  # noqa: E731
-    return {"mismatch": mean("mismatch_kl"), "prefix_kl": mean("prefix_kl"), "eval_rkl_start": evals[0]["eval_rkl"],
-            "eval_rkl": evals[-1]["eval_rkl"], "eval_acc_start": evals[0].get("eval_acc"), "eval_acc": evals[-1].get("eval_acc"),
-            "eval_reward_start": evals[0].get("eval_reward"), "eval_reward": evals[-1].get("eval_reward"),
-            "seconds": run_seconds(records)}  # fmt: skip
+
+    def mean(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in train) / len(train)
+
+    return {
+        "mismatch": mean("mismatch_kl"),
+        "prefix_kl": mean("prefix_kl"),
+        "eval_rkl_start": evals[0]["eval_rkl"],
+        "eval_rkl": evals[-1]["eval_rkl"],
+        "eval_acc_start": evals[0].get("eval_acc"),
+        "eval_acc": evals[-1].get("eval_acc"),
+        "eval_reward_start": evals[0].get("eval_reward"),
+        "eval_reward": evals[-1].get("eval_reward"),
+        "seconds": run_seconds(records),
+    }
 
 
-def short_run(out: Path, pair: str, name: str, seed: int, device: str, rollout_over: dict, **train_over) -> dict:
+def short_run(
+    out: Path, pair: str, name: str, seed: int, device: str, rollout_over: dict, **train_over
+) -> dict:
     """One short OPD run of an experiment, run or reused in out/name: the pair's defaults, then train_over
     and rollout_over, with `seed` for prompts, sampling and noise. Returns its run_point."""
     cfg = pair_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **train_over)
@@ -171,16 +192,19 @@ def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device) -> dict:
     return measure_config(pair, cfg, probes, versions)
 
 
-def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, tolerance: float, device: str, n_probes: int = 64,
-              command: str = "") -> dict:
-    plan = [(label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)]
-    loaded = load_pair(pair, device=device)  # for the probe measurements
-    points = []
-    for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
-        run = short_run(out / "runs", pair, f"{label.replace(' ', '_')}-seed{seed}", seed, device, over, steps=steps, eval_every=0)
-        probe = probe_mismatch(loaded, replace(pair_config(pair).rollout, seed=seed, **over), n_probes, device)
-        points.append({"source": label, "seed": seed, **over, **run, "train_mismatch": run["mismatch"], "mismatch": probe["mismatch_kl"],
-                       "mismatch_ci": [probe["ci_low"], probe["ci_high"]]})  # fmt: skip
+def calibrate(
+    pair: str,
+    out: Path,
+    noise_grid,
+    real,
+    steps: int,
+    seeds: int,
+    tolerance: float,
+    device: str,
+    n_probes: int = 64,
+    command: str = "",
+) -> dict:
+    points = calibration_points(pair, out, noise_grid, real, steps, seeds, device, n_probes)
     base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
     base_final = sum(base.values()) / len(base)
     improvement = points[0]["eval_rkl_start"] - base_final
@@ -189,17 +213,81 @@ def calibrate(pair: str, out: Path, noise_grid, real, steps: int, seeds: int, to
         p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
     fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
     budget = {
-        "schema_version": SCHEMA_VERSION, "pair": pair, "command": command, "scale": SCALE, "device": device_label(device),
-        "tolerance": {"fraction": tolerance, "nats": tol, "of": "baseline improvement in held-out reverse KL over step 0"},
-        "baseline": {"eval_rkl_start": points[0]["eval_rkl_start"], "eval_rkl_final": base_final, "improvement": improvement},
-        "budget": fit["budget"], "how": fit["how"], "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
-        "budget where the fit crosses the tolerance", "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
-        "steps": steps, "seeds": seeds, "probes": n_probes, "seconds_per_run": sum(p["seconds"] for p in points) / len(points), "points": points,
-    }  # fmt: skip
+        "schema_version": SCHEMA_VERSION,
+        "pair": pair,
+        "command": command,
+        "scale": SCALE,
+        "device": device_label(device),
+        "tolerance": {
+            "fraction": tolerance,
+            "nats": tol,
+            "of": "baseline improvement in held-out reverse KL over step 0",
+        },
+        "baseline": {
+            "eval_rkl_start": points[0]["eval_rkl_start"],
+            "eval_rkl_final": base_final,
+            "improvement": improvement,
+        },
+        "budget": fit["budget"],
+        "how": fit["how"],
+        "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
+        "budget where the fit crosses the tolerance",
+        "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
+        "steps": steps,
+        "seeds": seeds,
+        "probes": n_probes,
+        "seconds_per_run": sum(p["seconds"] for p in points) / len(points),
+        "points": points,
+    }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "budget.json", json.dumps(budget, indent=2) + "\n")
     plot_budget(budget, out / "budget.png")
     return budget
+
+
+def calibration_points(
+    pair: str,
+    out: Path,
+    noise_grid,
+    real,
+    steps: int,
+    seeds: int,
+    device: str,
+    n_probes: int,
+) -> list[dict]:
+    """One short OPD run per calibration configuration and seed (resumed where finished), each with its
+    probe-measured mismatch: the points calibrate fits the budget to."""
+    plan = [
+        (label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)
+    ]
+    loaded = load_pair(pair, device=device)  # for the probe measurements
+    points = []
+    for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
+        run = short_run(
+            out / "runs",
+            pair,
+            f"{label.replace(' ', '_')}-seed{seed}",
+            seed,
+            device,
+            over,
+            steps=steps,
+            eval_every=0,
+        )
+        probe = probe_mismatch(
+            loaded, replace(pair_config(pair).rollout, seed=seed, **over), n_probes, device
+        )
+        points.append(
+            {
+                "source": label,
+                "seed": seed,
+                **over,
+                **run,
+                "train_mismatch": run["mismatch"],
+                "mismatch": probe["mismatch_kl"],
+                "mismatch_ci": [probe["ci_low"], probe["ci_high"]],
+            }
+        )
+    return points
 
 
 def plot_budget(budget: dict, path: Path) -> None:
@@ -209,17 +297,46 @@ def plot_budget(budget: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 4))
-    floor = min((p["mismatch"] for p in budget["points"] if p["mismatch"] > 0), default=1e-6) / 3  # where zero (the baseline) is drawn
+    floor = (
+        min((p["mismatch"] for p in budget["points"] if p["mismatch"] > 0), default=1e-6) / 3
+    )  # where zero (the baseline) is drawn
     for i, source in enumerate(dict.fromkeys(p["source"] for p in budget["points"])):
         pts = [p for p in budget["points"] if p["source"] == source]
-        ax.scatter([max(p["mismatch"], floor) for p in pts], [p["quality_loss"] for p in pts], label=source, marker="os^vD<>p"[i % 8])
-    ax.plot([max(x, floor) for x in budget["fit"]["mismatch"]], budget["fit"]["quality_loss"], "k-", lw=1, alpha=0.6, label="monotone fit")
-    ax.axhline(budget["tolerance"]["nats"], color="C3", ls=":", label=f"tolerance ({budget['tolerance']['fraction']:.0%} of improvement)")
+        ax.scatter(
+            [max(p["mismatch"], floor) for p in pts],
+            [p["quality_loss"] for p in pts],
+            label=source,
+            marker="os^vD<>p"[i % 8],
+        )
+    ax.plot(
+        [max(x, floor) for x in budget["fit"]["mismatch"]],
+        budget["fit"]["quality_loss"],
+        "k-",
+        lw=1,
+        alpha=0.6,
+        label="monotone fit",
+    )
+    ax.axhline(
+        budget["tolerance"]["nats"],
+        color="C3",
+        ls=":",
+        label=f"tolerance ({budget['tolerance']['fraction']:.0%} of improvement)",
+    )
     if budget["budget"] > 0:
-        ax.axvline(budget["budget"], color="C3", ls="--", label=f"budget {budget['budget']:.3g} ({budget['how']})")
-    ax.set(xscale="log", xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token\n(the baseline, 0, drawn at the left edge)",
-           ylabel="final held-out reverse KL − baseline")  # fmt: skip
-    ax.set_title(f"{budget['pair']}: quality vs mismatch, {budget['steps']} OPD steps × {budget['seeds']} seeds\n{budget['device']}", fontsize=9)
+        ax.axvline(
+            budget["budget"], color="C3", ls="--", label=f"budget {budget['budget']:.3g} ({budget['how']})"
+        )
+    ax.set(
+        xscale="log",
+        xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token\n"
+        "(the baseline, 0, drawn at the left edge)",
+        ylabel="final held-out reverse KL − baseline",
+    )
+    ax.set_title(
+        f"{budget['pair']}: quality vs mismatch, {budget['steps']} OPD steps × {budget['seeds']} seeds\n"
+        f"{budget['device']}",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the points fill the axes
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -247,13 +364,18 @@ def read_budget(path: Path, pair: str | None) -> dict:
         raise BadInput(f"--budget {path}: schema_version {version!r}, this admit.py reads {SCHEMA_VERSION}")
     if pair is not None and budget.get("pair") != pair:
         raise BadInput(f"--budget {path} was calibrated for pair {budget.get('pair')!r}, not --pair {pair!r}")
-    numbers = {"budget": budget.get("budget"), "seconds_per_run": budget.get("seconds_per_run"),
-               "tolerance.nats": (budget.get("tolerance") or {}).get("nats")}
+    numbers = {
+        "budget": budget.get("budget"),
+        "seconds_per_run": budget.get("seconds_per_run"),
+        "tolerance.nats": (budget.get("tolerance") or {}).get("nats"),
+    }
     for key, value in numbers.items():
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise BadInput(f"--budget {path}: {key} is {value!r}; expected a finite number >= 0")
     if budget.get("how") not in BUDGET_HOWS:
-        raise BadInput(f"--budget {path}: how is {budget.get('how')!r}; expected one of {', '.join(BUDGET_HOWS)}")
+        raise BadInput(
+            f"--budget {path}: how is {budget.get('how')!r}; expected one of {', '.join(BUDGET_HOWS)}"
+        )
     return budget
 
 
@@ -263,9 +385,12 @@ def what_it_buys(student, cfg: RolloutConfig) -> dict:
     high = 2 if cfg.weights == "bf16" else 4
     fp8_elems, fp8_rows = fp8_linear_size(student, cfg.fp8_skip) if cfg.weights in FP8_WEIGHTS else (0, 0)
     n = n_params(student)
-    return {"weight_bytes": (n - fp8_elems) * high + fp8_elems + 4 * fp8_rows, "weight_bytes_fp32": n * 4,
-            "kv_bytes_per_token": kv_bytes_per_token(student.config, cfg.kv_cache, dtype_bytes=high),
-            "kv_bytes_per_token_fp32": kv_bytes_per_token(student.config, "model", dtype_bytes=4)}
+    return {
+        "weight_bytes": (n - fp8_elems) * high + fp8_elems + 4 * fp8_rows,
+        "weight_bytes_fp32": n * 4,
+        "kv_bytes_per_token": kv_bytes_per_token(student.config, cfg.kv_cache, dtype_bytes=high),
+        "kv_bytes_per_token_fp32": kv_bytes_per_token(student.config, "model", dtype_bytes=4),
+    }
 
 
 def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
@@ -273,10 +398,13 @@ def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
     decision = verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], n, available)
     if decision["verdict"] == "reject" and budget["how"] == "all-within":
         # No calibration point lost quality, so the budget is only a lower bound: beyond it we do not know.
-        decision = {"verdict": "uncertain", "extra_probes": None,
-                    "reason": f"lower bound {m['ci_low']:.3e} is beyond the largest calibrated mismatch "
-                    f"{budget['budget']:.3e}, where no run lost quality: no number of probes can reject; "
-                    "calibrate with larger mismatch to decide"}
+        decision = {
+            "verdict": "uncertain",
+            "extra_probes": None,
+            "reason": f"lower bound {m['ci_low']:.3e} is beyond the largest calibrated mismatch "
+            f"{budget['budget']:.3e}, where no run lost quality: no number of probes can reject; "
+            "calibrate with larger mismatch to decide",
+        }
     return decision
 
 
@@ -310,12 +438,23 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict
     versions, stale = stale_versions(pair, cfg.staleness, device) if cfg.staleness else (None, None)
     m, n, draws = sequential_measure(pair, cfg, cap, budget, versions)
     seconds = time.time() - t0
-    out = {**judge(budget, m, n, cap), **m, "budget": budget["budget"], "probes": n, "probe_cap": cap,
-           "noise_draws": draws if cfg.noise > 0 else 0, "seconds": seconds,
-           "seconds_vs_calibration_run": seconds / budget["seconds_per_run"], **what_it_buys(pair.student, cfg)}
+    out = {
+        **judge(budget, m, n, cap),
+        **m,
+        "budget": budget["budget"],
+        "probes": n,
+        "probe_cap": cap,
+        "noise_draws": draws if cfg.noise > 0 else 0,
+        "seconds": seconds,
+        "seconds_vs_calibration_run": seconds / budget["seconds_per_run"],
+        **what_it_buys(pair.student, cfg),
+    }
     if stale is not None:
-        out["stale_trajectory"] = {"steps": cfg.staleness, "on": "the pair's default OPD settings, seed 0, from the "
-                                   "untrained student", **stale}
+        out["stale_trajectory"] = {
+            "steps": cfg.staleness,
+            "on": "the pair's default OPD settings, seed 0, from the untrained student",
+            **stale,
+        }
     return out
 
 
@@ -324,7 +463,12 @@ def check_dump(budget: dict, path: Path) -> dict:
     t0 = time.time()
     d = read_dump(path)
     m = dump_estimate(d)
-    return {**judge(budget, m, d.sequences, None), **m, "budget": budget["budget"], "seconds": time.time() - t0}
+    return {
+        **judge(budget, m, d.sequences, None),
+        **m,
+        "budget": budget["budget"],
+        "seconds": time.time() - t0,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -334,27 +478,59 @@ def check_dump(budget: dict, path: Path) -> dict:
 def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    cal = sub.add_parser("calibrate", help="short OPD runs under increasing mismatch -> budget.json and budget.png")
+    cal = sub.add_parser(
+        "calibrate", help="short OPD runs under increasing mismatch -> budget.json and budget.png"
+    )
     cal.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
     cal.add_argument("--out", help="output folder (default: budgets/<pair>)")
-    cal.add_argument("--noise-grid", type=comma_floats, default="0.003,0.01,0.03,0.1,0.3,0.5,1",
-                     help="comma-separated noise levels σ (default: %(default)s)")
-    cal.add_argument("--real", default="fp8,kv-fp8,staleness-2",
-                     help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K ('' = none; default: %(default)s)")
-    cal.add_argument("--steps", type=positive_int, default=60, help="OPD steps per run (default: %(default)s)")
-    cal.add_argument("--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)")
-    cal.add_argument("--tolerance", type=open_fraction, default=0.05,
-                     help="allowed quality loss, a fraction of the baseline's improvement (default: %(default)s)")
-    cal.add_argument("--probes", type=positive_int, default=64, help="held-out probes per configuration (default: %(default)s)")
-    chk = sub.add_parser("check", help="measure a candidate (or read a log dump) and judge it against a budget; "
-                         "exit 0 admit, 1 reject, 4 uncertain")
+    cal.add_argument(
+        "--noise-grid",
+        type=comma_floats,
+        default="0.003,0.01,0.03,0.1,0.3,0.5,1",
+        help="comma-separated noise levels σ (default: %(default)s)",
+    )
+    cal.add_argument(
+        "--real",
+        default="fp8,kv-fp8,staleness-2",
+        help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K "
+        "('' = none; default: %(default)s)",
+    )
+    cal.add_argument(
+        "--steps", type=positive_int, default=60, help="OPD steps per run (default: %(default)s)"
+    )
+    cal.add_argument(
+        "--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)"
+    )
+    cal.add_argument(
+        "--tolerance",
+        type=open_fraction,
+        default=0.05,
+        help="allowed quality loss, a fraction of the baseline's improvement (default: %(default)s)",
+    )
+    cal.add_argument(
+        "--probes",
+        type=positive_int,
+        default=64,
+        help="held-out probes per configuration (default: %(default)s)",
+    )
+    chk = sub.add_parser(
+        "check",
+        help="measure a candidate (or read a log dump) and judge it against a budget; "
+        "exit 0 admit, 1 reject, 4 uncertain",
+    )
     chk.add_argument("--budget", required=True, help="budget.json from calibrate")
     chk.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
     chk.add_argument("--dump", help="judge another system's log dump instead (dumps.py: JSONL, or .pt)")
-    chk.add_argument("--probes", type=positive_int, default=64, help="most held-out probes to use (default: %(default)s); "
-                     "probing stops as soon as the CI decides")
+    chk.add_argument(
+        "--probes",
+        type=positive_int,
+        default=64,
+        help="most held-out probes to use (default: %(default)s); probing stops as soon as the CI decides",
+    )
     chk.add_argument("--json", action="store_true", help="print the result as JSON")
-    chk.add_argument("--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)")
+    chk.add_argument(
+        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+    )
     add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
     for sp in (cal, chk):
         sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
@@ -362,15 +538,33 @@ def build_parser() -> Parser:
 
 
 def print_check(result: dict) -> None:
-    extra = f"; about {result['extra_probes']} more probes would likely settle it" if result.get("extra_probes") else ""
+    extra = (
+        f"; about {result['extra_probes']} more probes would likely settle it"
+        if result.get("extra_probes")
+        else ""
+    )
     print(f"{result['verdict'].upper()}: {result['reason']}{extra}")
-    on = f"{result['probes']} probes" if "probes" in result else f"{result['sequences']} logged sequences ({result['estimator']})"
-    print(f"mismatch {result['mismatch_kl']:.3e} nats/token, 95% CI [{result['ci_low']:.3e}, {result['ci_high']:.3e}] on {on}")
+    on = (
+        f"{result['probes']} probes"
+        if "probes" in result
+        else f"{result['sequences']} logged sequences ({result['estimator']})"
+    )
+    print(
+        f"mismatch {result['mismatch_kl']:.3e} nats/token, "
+        f"95% CI [{result['ci_low']:.3e}, {result['ci_high']:.3e}] on {on}"
+    )
     if "weight_bytes" in result:
-        print(f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB (fp32: {result['weight_bytes_fp32'] / 2**20:.1f}), "
-              f"KV {result['kv_bytes_per_token']:,.0f} B/token (fp32: {result['kv_bytes_per_token_fp32']:,.0f})")
-        print(f"measuring took {result['seconds']:.1f} s = {result['seconds_vs_calibration_run']:.1%} of one calibration "
-              f"run; {result['wall_seconds']:.1f} s wall since the process started, imports and loading included")
+        print(
+            f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB "
+            f"(fp32: {result['weight_bytes_fp32'] / 2**20:.1f}), "
+            f"KV {result['kv_bytes_per_token']:,.0f} B/token "
+            f"(fp32: {result['kv_bytes_per_token_fp32']:,.0f})"
+        )
+        print(
+            f"measuring took {result['seconds']:.1f} s = {result['seconds_vs_calibration_run']:.1%} "
+            f"of one calibration run; {result['wall_seconds']:.1f} s wall since the process started, "
+            "imports and loading included"
+        )
 
 
 def main(argv=None) -> None:
@@ -382,10 +576,26 @@ def main(argv=None) -> None:
             real = [r for r in args.real.split(",") if r]
             calibration_configs([], real)  # refuses an unknown --real before any run starts
             grid = args.noise_grid if isinstance(args.noise_grid, list) else comma_floats(args.noise_grid)
-            command = shlex.join(["python", "admit.py", *(sys.argv[1:] if argv is None else argv)])  # for budget.json
-            budget = calibrate(args.pair, out, grid, real, args.steps, args.seeds, args.tolerance, device, args.probes, command)
-            print(f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
-                  f"{budget['tolerance']['nats']:.3f} nats of eval reverse KL; wrote {out}/budget.json and budget.png")
+            command = shlex.join(
+                ["python", "admit.py", *(sys.argv[1:] if argv is None else argv)]
+            )  # for budget.json
+            budget = calibrate(
+                args.pair,
+                out,
+                grid,
+                real,
+                args.steps,
+                args.seeds,
+                args.tolerance,
+                device,
+                args.probes,
+                command,
+            )
+            print(
+                f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
+                f"{budget['tolerance']['nats']:.3f} nats of eval reverse KL; "
+                f"wrote {out}/budget.json and budget.png"
+            )
             return
         budget = read_budget(Path(args.budget), None if args.dump else args.pair)
         if args.dump:

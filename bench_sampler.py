@@ -40,10 +40,20 @@ def main() -> None:
     pair = load_pair("smollm2", student_layers=args.student_layers)
     model, tok = pair.student.eval(), pair.tokenizer
     prompts = [format_prompt(tok, p.text) for p in pair.eval_prompts[: args.batch]]
-    cfg = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens, ignore_eos=True)
+    cfg = RolloutConfig(
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens, ignore_eos=True
+    )
     ids, attn = encode_prompts(tok, prompts, "cpu")
-    hf_cfg = GenerationConfig(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0, max_new_tokens=args.new_tokens,
-                              min_new_tokens=args.new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=None)  # fmt: skip
+    hf_cfg = GenerationConfig(
+        do_sample=True,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=0,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=None,
+    )
 
     def ours():
         out = generate(model, tok, prompts, cfg, generator=torch.Generator().manual_seed(0))
@@ -61,8 +71,11 @@ def main() -> None:
         times["hf"].append(timed(hf))
     tokens = args.batch * args.new_tokens
     rate = {k: tokens / statistics.median(v) for k, v in times.items()}
-    print(f"device cpu ({torch.get_num_threads()} threads), smollm2 student ({args.student_layers} layers), batch {args.batch}, "
-          f"{args.new_tokens} new tokens, temperature {args.temperature}, top-p {args.top_p}")  # fmt: skip
+    print(
+        f"device cpu ({torch.get_num_threads()} threads), smollm2 student ({args.student_layers} layers), "
+        f"batch {args.batch}, "
+        f"{args.new_tokens} new tokens, temperature {args.temperature}, top-p {args.top_p}"
+    )
     print(f"{'sampler':<14}{'median s':>10}{'tokens/s':>10}")
     print(f"{'ours':<14}{statistics.median(times['ours']):>10.2f}{rate['ours']:>10.1f}")
     print(f"{'HF generate':<14}{statistics.median(times['hf']):>10.2f}{rate['hf']:>10.1f}")

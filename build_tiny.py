@@ -14,18 +14,21 @@ from pathlib import Path
 import torch
 
 from cli import Parser
+from evaluate import exact_match_accuracy
 from models import TINY_DIR, Prompt, format_prompt, tiny_config, tiny_problems, tiny_tokenizer
 from rollout import positions
-from evaluate import exact_match_accuracy
 
 from transformers import LlamaForCausalLM  # isort: skip
 
 
 def _tiny_batch(tokenizer, problems: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokenize prompt+answer+<eos>; the loss mask covers the answer and <eos> (what the model must produce)."""
+    """Tokenize prompt+answer+<eos>; the loss mask covers the answer and <eos> (what the model must
+    produce)."""
     texts = [format_prompt(tokenizer, p.text) + p.answer + tokenizer.eos_token for p in problems]
     enc = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt")
-    prompt_lens = [len(tokenizer(format_prompt(tokenizer, p.text), add_special_tokens=False).input_ids) for p in problems]
+    prompt_lens = [
+        len(tokenizer(format_prompt(tokenizer, p.text), add_special_tokens=False).input_ids) for p in problems
+    ]
     seq_lens = enc.attention_mask.sum(1)
     T = enc.input_ids.shape[1]
     pos_T = torch.arange(T)
@@ -36,17 +39,24 @@ def _tiny_batch(tokenizer, problems: list[Prompt]) -> tuple[torch.Tensor, torch.
 
 
 def train_supervised(model, tokenizer, *, steps: int, lr: float, batch: int, seed: int) -> None:
-    """Plain next-token cross-entropy on answers: how the tiny teacher and the student's warm start are made."""
+    """Plain next-token cross-entropy on answers: how the tiny teacher and the student's warm start are
+    made."""
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     model.train()
     for step in range(steps):
-        ids_B_T, attn_B_T, loss_mask_B_T = _tiny_batch(tokenizer, tiny_problems(batch, seed=seed * 100_003 + step, held_out=False))
+        ids_B_T, attn_B_T, loss_mask_B_T = _tiny_batch(
+            tokenizer, tiny_problems(batch, seed=seed * 100_003 + step, held_out=False)
+        )
         # Position ids that skip the left padding, exactly as the sampler will use them.
-        logits_B_T_V = model(input_ids=ids_B_T, attention_mask=attn_B_T, position_ids=positions(attn_B_T)).logits
+        logits_B_T_V = model(
+            input_ids=ids_B_T, attention_mask=attn_B_T, position_ids=positions(attn_B_T)
+        ).logits
         # Position t predicts token t+1.
-        logp_B_T = torch.log_softmax(logits_B_T_V[:, :-1].float(), -1).gather(-1, ids_B_T[:, 1:, None]).squeeze(-1)
+        logp_B_T = (
+            torch.log_softmax(logits_B_T_V[:, :-1].float(), -1).gather(-1, ids_B_T[:, 1:, None]).squeeze(-1)
+        )
         mask = loss_mask_B_T[:, 1:].float()
         loss = -(logp_B_T * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
@@ -68,14 +78,18 @@ def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
     """
     tokenizer = tiny_tokenizer()
     held_out = tiny_problems(500, seed=12345, held_out=True)
-    # size: (first round steps, later round steps, peak lr of later rounds, max rounds, stop when accuracy >= x)
+    # size: (first round steps, later round steps, peak lr of later rounds, max rounds,
+    #        stop when accuracy >= x)
     plan = {"teacher": (3000, 1000, 1e-3, 8, 0.96), "student": (100, 100, 3e-3, 40, 0.25)}
     report = {}
     for size, (first, later, lr_later, max_rounds, target) in plan.items():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(tiny_config(size))
         t0 = time.time()
-        print(f"training tiny {size} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
+        print(
+            f"training tiny {size} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)",
+            flush=True,
+        )
         for rounds in range(1, max_rounds + 1):
             steps, lr = (first, 3e-3) if rounds == 1 else (later, lr_later)
             train_supervised(model, tokenizer, steps=steps, lr=lr, batch=128, seed=seed * 1000 + rounds)
@@ -89,7 +103,6 @@ def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
         tokenizer.save_pretrained(out_dir / size)
     (out_dir / "build.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
-
 
 
 def main(argv=None) -> None:

@@ -88,11 +88,13 @@ open_fraction = _converter(float, lambda x: 0 < x < 1, "a number in (0, 1)")
 
 
 def comma_floats(text: str) -> list[float]:
-    """"0.003,0.01" -> [0.003, 0.01]: finite, non-negative numbers."""
+    """ "0.003,0.01" -> [0.003, 0.01]: finite, non-negative numbers."""
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers such as 0.003,0.01") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected comma-separated numbers such as 0.003,0.01"
+        ) from None
     if not values or not all(math.isfinite(v) and v >= 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated finite numbers >= 0")
     return values

@@ -44,7 +44,9 @@ class Dump:
 
 
 def _floats(values, where: str, what: str) -> list[float]:
-    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    if not isinstance(values, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
         raise BadInput(f"{where}: {what} must be a list of numbers")
     if not all(math.isfinite(v) for v in values):
         raise BadInput(f"{where}: {what} holds NaN or an infinity")
@@ -72,8 +74,10 @@ def _line(obj, where: str) -> dict:
     engine = _floats(obj["engine_logprobs"], where, "engine_logprobs")
     train = _floats(obj["train_logprobs"], where, "train_logprobs")
     if len(engine) != len(train) or not engine:
-        raise BadInput(f"{where}: engine_logprobs has {len(engine)} tokens, train_logprobs {len(train)}; "
-                       "they must be equal and non-zero")
+        raise BadInput(
+            f"{where}: engine_logprobs has {len(engine)} tokens, train_logprobs {len(train)}; "
+            "they must be equal and non-zero"
+        )
     seq = {"engine": engine, "train": train}
     if "engine_top_logprobs" in obj or "train_top_logprobs" in obj:
         ids = obj.get("token_ids")
@@ -82,7 +86,9 @@ def _line(obj, where: str) -> dict:
         top_e = _top(obj, "engine_top_logprobs", len(engine), where)
         top_t = _top(obj, "train_top_logprobs", len(engine), where)
         if any(e.keys() != t.keys() for e, t in zip(top_e, top_t)):
-            raise BadInput(f"{where}: engine_top_logprobs and train_top_logprobs must cover the same token ids")
+            raise BadInput(
+                f"{where}: engine_top_logprobs and train_top_logprobs must cover the same token ids"
+            )
         seq["in_top"] = [str(i) in e for i, e in zip(ids, top_e)]
         seq["top_engine"] = [list(e.values()) for e in top_e]
         seq["top_train"] = [[t[k] for k in e] for e, t in zip(top_e, top_t)]
@@ -95,9 +101,16 @@ def _pad(rows: list[list[float]]) -> torch.Tensor:
 
 
 def _from_sequences(seqs: list[dict]) -> Dump:
-    flat = lambda key: [x for s in seqs for x in s[key]]  # noqa: E731
+
+    def flat(key: str) -> list:
+        return [x for s in seqs for x in s[key]]
+
     seq_id = torch.tensor([i for i, s in enumerate(seqs) for _ in s["engine"]])
-    dump = Dump(torch.tensor(flat("engine"), dtype=torch.float64), torch.tensor(flat("train"), dtype=torch.float64), seq_id)
+    dump = Dump(
+        torch.tensor(flat("engine"), dtype=torch.float64),
+        torch.tensor(flat("train"), dtype=torch.float64),
+        seq_id,
+    )
     if all("in_top" in s for s in seqs):
         dump.in_top_R = torch.tensor(flat("in_top"))
         dump.top_engine_R_K, dump.top_train_R_K = _pad(flat("top_engine")), _pad(flat("top_train"))
@@ -110,22 +123,31 @@ def _read_pt(path: Path) -> Dump:
     except Exception as e:  # any unreadable file: a pickle error, a truncated zip, ...
         raise BadInput(f"{path}: not a readable torch file ({type(e).__name__})") from None
     if not isinstance(data, dict) or not {"engine_logprobs", "train_logprobs", "mask"} <= data.keys():
-        raise BadInput(f"{path}: expected a dict with engine_logprobs, train_logprobs and mask tensors [B, T]")
+        raise BadInput(
+            f"{path}: expected a dict with engine_logprobs, train_logprobs and mask tensors [B, T]"
+        )
     engine, train, mask = (data[k] for k in ("engine_logprobs", "train_logprobs", "mask"))
     if not (engine.shape == train.shape == mask.shape) or engine.dim() != 2:
-        raise BadInput(f"{path}: engine_logprobs {tuple(engine.shape)}, train_logprobs {tuple(train.shape)} and "
-                       f"mask {tuple(mask.shape)} must be the same [B, T] shape")
+        raise BadInput(
+            f"{path}: engine_logprobs {tuple(engine.shape)}, train_logprobs {tuple(train.shape)} and "
+            f"mask {tuple(mask.shape)} must be the same [B, T] shape"
+        )
     seqs = []
     for b in range(engine.shape[0]):
         m = mask[b].bool()
         if m.any():
-            seqs.append(_line({"engine_logprobs": engine[b][m].tolist(), "train_logprobs": train[b][m].tolist()},
-                              f"{path}: row {b}"))
+            seqs.append(
+                _line(
+                    {"engine_logprobs": engine[b][m].tolist(), "train_logprobs": train[b][m].tolist()},
+                    f"{path}: row {b}",
+                )
+            )
     return seqs
 
 
 def read_dump(path: str | Path) -> Dump:
-    """Read and validate a dump; any problem is one BadInput line naming the file, the line and the problem."""
+    """Read and validate a dump; any problem is one BadInput line naming the file, the line and the
+    problem."""
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"--dump {path}: no such file")
@@ -150,17 +172,31 @@ def read_dump(path: str | Path) -> Dump:
 
 
 def write_dump(path: str | Path, scored) -> int:
-    """Write mismatch.Scored samples (our own engine) in the JSONL schema, top-k included. Returns sequences."""
+    """Write mismatch.Scored samples (our own engine) in the JSONL schema, top-k included. Returns
+    sequences."""
     lines = []
     for b in range(int(scored.seq_id_R.max()) + 1 if len(scored.seq_id_R) else 0):
         idx = (scored.seq_id_R == b).nonzero().squeeze(-1)
         ids_y = scored.rollout.tokens[:, 1:][scored.rollout.targets()].cpu()[idx].tolist()
-        top = [{str(i): e for i, e in zip(ids, es)} for ids, es in zip(scored.top_ids_R_K[idx].tolist(),
-                                                                        scored.top_engine_R_K[idx].tolist())]
-        top_t = [{str(i): t for i, t in zip(ids, ts)} for ids, ts in zip(scored.top_ids_R_K[idx].tolist(),
-                                                                         scored.top_train_R_K[idx].tolist())]
-        lines.append(json.dumps({"id": b, "engine_logprobs": scored.logp_engine_R[idx].tolist(),
-                                 "train_logprobs": scored.logp_train_R[idx].tolist(), "token_ids": ids_y,
-                                 "engine_top_logprobs": top, "train_top_logprobs": top_t}))
+        top = [
+            {str(i): e for i, e in zip(ids, es)}
+            for ids, es in zip(scored.top_ids_R_K[idx].tolist(), scored.top_engine_R_K[idx].tolist())
+        ]
+        top_t = [
+            {str(i): t for i, t in zip(ids, ts)}
+            for ids, ts in zip(scored.top_ids_R_K[idx].tolist(), scored.top_train_R_K[idx].tolist())
+        ]
+        lines.append(
+            json.dumps(
+                {
+                    "id": b,
+                    "engine_logprobs": scored.logp_engine_R[idx].tolist(),
+                    "train_logprobs": scored.logp_train_R[idx].tolist(),
+                    "token_ids": ids_y,
+                    "engine_top_logprobs": top,
+                    "train_top_logprobs": top_t,
+                }
+            )
+        )
     Path(path).write_text("".join(line + "\n" for line in lines))
     return len(lines)

@@ -31,11 +31,21 @@ def block_skip(n_layers: int, quantized: set[int]) -> tuple:
 
 
 def block_params(model, i: int) -> int:
-    return sum(p.numel() for name, p in model.named_parameters() if name.startswith(f"model.layers.{i}.") and p.dim() == 2)
+    return sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if name.startswith(f"model.layers.{i}.") and p.dim() == 2
+    )
 
 
-def sensitivity(pair, mode: str, n_probes: int, target: float | None = None, max_new_tokens: int = 48,
-                progress: bool = True) -> dict:
+def sensitivity(
+    pair,
+    mode: str,
+    n_probes: int,
+    target: float | None = None,
+    max_new_tokens: int = 48,
+    progress: bool = True,
+) -> dict:
     """Mismatch with one decoder block in FP8 at a time, and a greedy recipe meeting `target`."""
     probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
     n = pair.student.config.num_hidden_layers
@@ -44,7 +54,9 @@ def sensitivity(pair, mode: str, n_probes: int, target: float | None = None, max
         cfg = RolloutConfig(weights=mode, fp8_skip=block_skip(n, quantized), max_new_tokens=max_new_tokens)
         return measure_config(pair, cfg, probes)["mismatch_kl"]
 
-    per_block = [mismatch({i}) for i in tqdm(range(n), desc=f"{mode} one block at a time", disable=not progress)]
+    per_block = [
+        mismatch({i}) for i in tqdm(range(n), desc=f"{mode} one block at a time", disable=not progress)
+    ]
     ranking = sorted(range(n), key=lambda i: -per_block[i])
     all_fp8 = mismatch(set(range(n)))
     target = all_fp8 / 2 if target is None else target
@@ -56,9 +68,17 @@ def sensitivity(pair, mode: str, n_probes: int, target: float | None = None, max
         current = mismatch(set(range(n)) - set(kept))
         path.append((len(kept), current))
     linear = sum(block_params(pair.student, i) for i in range(n))
-    return {"mode": mode, "per_block": per_block, "ranking": ranking, "all_fp8": all_fp8, "target": target,
-            "kept_high_precision": kept, "recipe_mismatch": current, "greedy_path": path,
-            "kept_fraction_of_block_weights": sum(block_params(pair.student, i) for i in kept) / linear}
+    return {
+        "mode": mode,
+        "per_block": per_block,
+        "ranking": ranking,
+        "all_fp8": all_fp8,
+        "target": target,
+        "kept_high_precision": kept,
+        "recipe_mismatch": current,
+        "greedy_path": path,
+        "kept_fraction_of_block_weights": sum(block_params(pair.student, i) for i in kept) / linear,
+    }
 
 
 def plot_sensitivity(result: dict, path, title: str) -> None:
@@ -71,8 +91,11 @@ def plot_sensitivity(result: dict, path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(max(5, 0.3 * len(per_block)), 3.5))
     colors = ["C3" if i in result["kept_high_precision"] else "C0" for i in range(len(per_block))]
     ax.bar(range(len(per_block)), per_block, color=colors)
-    ax.set(xlabel="decoder block quantized alone (red: kept high precision by the recipe)",
-           ylabel="KL(engine ‖ train), nats/token", title=title)
+    ax.set(
+        xlabel="decoder block quantized alone (red: kept high precision by the recipe)",
+        ylabel="KL(engine ‖ train), nats/token",
+        title=title,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -82,15 +105,29 @@ def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     src = sub.add_parser("sources", help="each mismatch source alone and combined, staleness included")
-    src.add_argument("--probes", type=positive_int, help=f"held-out probes (default: {PROBES['tiny']} tiny, {DEFAULT_PROBES} others)")
+    src.add_argument(
+        "--probes",
+        type=positive_int,
+        help=f"held-out probes (default: {PROBES['tiny']} tiny, {DEFAULT_PROBES} others)",
+    )
     src.add_argument("--json", action="store_true", help="print JSON rows")
-    src.add_argument("--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)")
+    src.add_argument(
+        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+    )
     add_rollout_args(src.add_argument_group("rollout engine"), sampling=False)
-    sens = sub.add_parser("sensitivity", help="FP8 one decoder block at a time; ranking, bar plot, greedy recipe")
+    sens = sub.add_parser(
+        "sensitivity", help="FP8 one decoder block at a time; ranking, bar plot, greedy recipe"
+    )
     sens.add_argument("--weights", default="fp8", choices=FP8_WEIGHTS, help="(default: %(default)s)")
-    sens.add_argument("--probes", type=positive_int, default=16, help="held-out probes (default: %(default)s)")
-    sens.add_argument("--max-new-tokens", type=positive_int, default=32, help="probe response length (default: %(default)s)")
-    sens.add_argument("--target", type=positive_float, help="recipe target mismatch (default: half the all-FP8 one)")
+    sens.add_argument(
+        "--probes", type=positive_int, default=16, help="held-out probes (default: %(default)s)"
+    )
+    sens.add_argument(
+        "--max-new-tokens", type=positive_int, default=32, help="probe response length (default: %(default)s)"
+    )
+    sens.add_argument(
+        "--target", type=positive_float, help="recipe target mismatch (default: half the all-FP8 one)"
+    )
     sens.add_argument("--out", default="results", help="folder for the plot and JSON (default: %(default)s)")
     for sp in (src, sens):
         sp.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
@@ -106,23 +143,44 @@ def run_sensitivity(args, device: str) -> None:
     result = sensitivity(pair, args.weights, args.probes, args.target, args.max_new_tokens)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"sensitivity_{args.pair}_{args.weights}"
-    plot_sensitivity(result, stem.with_suffix(".png"), f"{args.pair}: FP8 ({args.weights}) one block at a time, {device}")
+    plot_sensitivity(
+        result, stem.with_suffix(".png"), f"{args.pair}: FP8 ({args.weights}) one block at a time, {device}"
+    )
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"{args.pair} {args.weights}: all blocks FP8 -> {result['all_fp8']:.3e} nats/token")
-    print("ranking (block: mismatch alone): " + ", ".join(f"{i}: {result['per_block'][i]:.2e}" for i in result["ranking"]))
-    print(f"greedy recipe: keep blocks {result['kept_high_precision']} in high precision -> {result['recipe_mismatch']:.3e} "
-          f"(target {result['target']:.3e}); {result['kept_fraction_of_block_weights']:.0%} of block weights kept")
+    print(
+        "ranking (block: mismatch alone): "
+        + ", ".join(f"{i}: {result['per_block'][i]:.2e}" for i in result["ranking"])
+    )
+    print(
+        f"greedy recipe: keep blocks {result['kept_high_precision']} in high precision -> "
+        f"{result['recipe_mismatch']:.3e} (target {result['target']:.3e}); "
+        f"{result['kept_fraction_of_block_weights']:.0%} of block weights kept"
+    )
 
 
 def run_sources(args, device: str) -> None:
     n_new = args.max_new_tokens or MAX_NEW_TOKENS.get(args.pair, RolloutConfig.max_new_tokens)
     cfg = rollout_config_from_args(args, max_new_tokens=n_new)
     pair = load_pair(args.pair, device=device)
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.probes or PROBES.get(args.pair, DEFAULT_PROBES)]]
+    probes = [
+        format_prompt(pair.tokenizer, p.text)
+        for p in pair.eval_prompts[: args.probes or PROBES.get(args.pair, DEFAULT_PROBES)]
+    ]
     versions = trajectory(pair, cfg.staleness, device) if cfg.staleness else None
     results = measure_sources(pair, cfg, probes, versions, progress=not args.json)
     if args.json:
-        print(json.dumps({"pair": args.pair, "scale": "KL(engine||train) nats/token", "device": device, "rows": results}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "pair": args.pair,
+                    "scale": "KL(engine||train) nats/token",
+                    "device": device,
+                    "rows": results,
+                },
+                indent=2,
+            )
+        )
     else:
         print_table(results, args.pair)
 

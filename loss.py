@@ -25,7 +25,8 @@ ESTIMATORS = ("analytic", "sampled", "grpo")
 
 
 def reverse_kl_terms(student_logits_N_V: torch.Tensor, teacher_logits_N_V: torch.Tensor, y_N: torch.Tensor):
-    """For N scored positions: exact KL_n = Σ_v p_s(v)(log p_s(v) − log p_t(v)), log p_s(y_n), log p_t(y_n)."""
+    """For N scored positions: exact KL_n = Σ_v p_s(v)(log p_s(v) − log p_t(v)), log p_s(y_n),
+    log p_t(y_n)."""
     logp_s_N_V = torch.log_softmax(student_logits_N_V.float(), -1)
     logp_t_N_V = torch.log_softmax(teacher_logits_N_V.float(), -1)
     kl_N = (logp_s_N_V.exp() * (logp_s_N_V - logp_t_N_V)).sum(-1)
@@ -48,8 +49,16 @@ def tis_weights(logp_train_N: torch.Tensor, logp_engine_N: torch.Tensor, cap: fl
     return torch.exp(logp_train_N.detach() - logp_engine_N).clamp(max=cap)
 
 
-def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: int = 256, tis_cap: float = 0.0,
-             advantages_B: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def opd_loss(
+    student,
+    teacher,
+    rollout,
+    *,
+    estimator: str = "analytic",
+    chunk: int = 256,
+    tis_cap: float = 0.0,
+    advantages_B: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """The OPD loss over all response tokens of `rollout` (token mean), and its statistics.
 
     tis_cap > 0 (sampled and grpo) multiplies each token's term by tis_weights. The analytic loss needs no
@@ -90,7 +99,9 @@ def opd_loss(student, teacher, rollout, *, estimator: str = "analytic", chunk: i
         part = slice(i, i + chunk)
         args = (h_s_N_H[part], h_t_N_H[part], y_N[part], logp_engine_N[part], adv_N[part])
         grad = torch.is_grad_enabled()
-        objective, kl, student_logits_C_V = checkpoint(chunk_terms, *args, use_reentrant=False) if grad else chunk_terms(*args)
+        objective, kl, student_logits_C_V = (
+            checkpoint(chunk_terms, *args, use_reentrant=False) if grad else chunk_terms(*args)
+        )
         if rollout.engine_logits is not None:
             mismatch.append(token_kl(rollout.engine_logits[part], student_logits_C_V))
         del student_logits_C_V

@@ -52,7 +52,14 @@ from tqdm import tqdm
 from cli import BadInput, NonFinite, Parser, fail, positive_int
 from dumps import Dump, write_dump
 from models import DEVICES, PAIRS, format_prompt, load_pair, read_prompts, resolve_device
-from rollout import RolloutConfig, RolloutEngine, add_rollout_args, head, response_hidden, rollout_config_from_args
+from rollout import (
+    RolloutConfig,
+    RolloutEngine,
+    add_rollout_args,
+    head,
+    response_hidden,
+    rollout_config_from_args,
+)
 
 PROBES = {"tiny": 64}  # held-out probe prompts by default (other pairs: DEFAULT_PROBES)
 DEFAULT_PROBES = 16
@@ -77,8 +84,10 @@ def rescored_token_kl(engine: RolloutEngine, train, rollout, chunk: int = 256) -
     a different order of computation rounds differently under bf16 or FP8 (up to 7% off on the KL)."""
     h_e_N_H, _ = response_hidden(engine.model, rollout, cache=engine.new_cache())
     h_t_N_H, _ = response_hidden(train, rollout)
-    parts = [token_kl(head(engine.model, h_e_N_H[i : i + chunk]), head(train, h_t_N_H[i : i + chunk]))
-             for i in range(0, len(h_e_N_H), chunk)]
+    parts = [
+        token_kl(head(engine.model, h_e_N_H[i : i + chunk]), head(train, h_t_N_H[i : i + chunk]))
+        for i in range(0, len(h_e_N_H), chunk)
+    ]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
@@ -91,11 +100,15 @@ def prefix_shift_kl(kl_N: torch.Tensor, rollout) -> torch.Tensor:
     at t is KL_t itself: TIS can reweight the token drawn at t, but not the prefix it was drawn after.
     """
     target_B_T = rollout.response_mask[:, 1:].bool()
-    kl_B_T = torch.zeros(target_B_T.shape, dtype=kl_N.dtype, device=kl_N.device).masked_scatter(target_B_T, kl_N)
+    kl_B_T = torch.zeros(target_B_T.shape, dtype=kl_N.dtype, device=kl_N.device).masked_scatter(
+        target_B_T, kl_N
+    )
     return (kl_B_T.cumsum(1) - kl_B_T)[target_B_T]  # exclusive running sum along each response
 
 
-def sampled_token_metrics(logp_engine_N: torch.Tensor, logp_train_N: torch.Tensor, seq_id_N: torch.Tensor) -> dict:
+def sampled_token_metrics(
+    logp_engine_N: torch.Tensor, logp_train_N: torch.Tensor, seq_id_N: torch.Tensor
+) -> dict:
     """k1, k3, |Δp|, χ², IS-ratio statistics, ESS and the prefix-shift numbers (see the module docstring)."""
     r = (logp_engine_N - logp_train_N).double()
     rho = torch.exp(-r)
@@ -122,8 +135,14 @@ def sampled_token_metrics(logp_engine_N: torch.Tensor, logp_train_N: torch.Tenso
     }
 
 
-def bootstrap_ci(kl_N: torch.Tensor, seq_id_N: torch.Tensor, n_boot: int = 1000, level: float = 0.95, seed: int = 0,
-                 group_of_seq: torch.Tensor | None = None):
+def bootstrap_ci(
+    kl_N: torch.Tensor,
+    seq_id_N: torch.Tensor,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+    group_of_seq: torch.Tensor | None = None,
+):
     """Confidence interval of the token-mean KL, resampling whole sequences (prompts) with replacement.
 
     Resampling sequences, not tokens, because tokens of one response are correlated. group_of_seq [S]: the
@@ -132,7 +151,9 @@ def bootstrap_ci(kl_N: torch.Tensor, seq_id_N: torch.Tensor, n_boot: int = 1000,
     """
     n_seq = int(seq_id_N.max()) + 1
     seq_sum = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_N, kl_N.double())
-    seq_len = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_N, torch.ones_like(kl_N, dtype=torch.float64))
+    seq_len = torch.zeros(n_seq, dtype=torch.float64).index_add_(
+        0, seq_id_N, torch.ones_like(kl_N, dtype=torch.float64)
+    )
     g = torch.Generator().manual_seed(seed)
     if group_of_seq is None or int(group_of_seq.max()) == 0:
         idx_R_S = torch.randint(n_seq, (n_boot, n_seq), generator=g)
@@ -142,7 +163,9 @@ def bootstrap_ci(kl_N: torch.Tensor, seq_id_N: torch.Tensor, n_boot: int = 1000,
         means = []
         for row in torch.randint(len(members), (n_boot, len(members)), generator=g).tolist():
             # groups differ in size, so each replicate is assembled on its own
-            idx_S = torch.cat([members[k][torch.randint(len(members[k]), (len(members[k]),), generator=g)] for k in row])
+            idx_S = torch.cat(
+                [members[k][torch.randint(len(members[k]), (len(members[k]),), generator=g)] for k in row]
+            )
             means.append(seq_sum[idx_S].sum() / seq_len[idx_S].sum())
         means_R = torch.stack(means)
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
@@ -171,7 +194,9 @@ def topk_token_kl(d: Dump) -> tuple[torch.Tensor, torch.Tensor]:
     rho_R = torch.exp(d.train_R - d.engine_R)
     k3_R = rho_R - 1 - torch.log(rho_R)
     est_R = head_R - (m_t_R - m_e_R) + torch.where(d.in_top_R, torch.zeros_like(k3_R), k3_R)
-    lower_R = head_R + torch.where(m_e_R > 0, m_e_R * torch.log(m_e_R.clamp(min=1e-300) / m_t_R), torch.zeros_like(m_e_R))
+    lower_R = head_R + torch.where(
+        m_e_R > 0, m_e_R * torch.log(m_e_R.clamp(min=1e-300) / m_t_R), torch.zeros_like(m_e_R)
+    )
     return est_R, lower_R
 
 
@@ -182,10 +207,20 @@ def dump_estimate(d: Dump, seed: int = 0) -> dict:
     est_R, extra = rho_R - 1 - torch.log(rho_R), {"estimator": "k3"}
     if d.top_engine_R_K is not None:
         est_R, lower_R = topk_token_kl(d)
-        extra = {"estimator": f"top-{d.top_engine_R_K.shape[1]} + k3 tail", "kl_lower_bound": lower_R.mean().item()}
+        extra = {
+            "estimator": f"top-{d.top_engine_R_K.shape[1]} + k3 tail",
+            "kl_lower_bound": lower_R.mean().item(),
+        }
     lo, hi = bootstrap_ci(est_R, d.seq_id_R, seed=seed)
-    return {"mismatch_kl": est_R.mean().item(), "ci_low": lo, "ci_high": hi, "tokens": len(est_R),
-            "sequences": d.sequences, **extra, **sampled_token_metrics(d.engine_R, d.train_R, d.seq_id_R)}
+    return {
+        "mismatch_kl": est_R.mean().item(),
+        "ci_low": lo,
+        "ci_high": hi,
+        "tokens": len(est_R),
+        "sequences": d.sequences,
+        **extra,
+        **sampled_token_metrics(d.engine_R, d.train_R, d.seq_id_R),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,7 +229,8 @@ def dump_estimate(d: Dump, seed: int = 0) -> dict:
 
 @dataclass
 class Scored:
-    """One engine's samples of the probes, scored by the trainer. R = response tokens (row-major), K = top-k."""
+    """One engine's samples of the probes, scored by the trainer. R = response tokens (row-major),
+    K = top-k."""
 
     rollout: object
     kl_R: torch.Tensor  # exact per-token KL(π_e ‖ π_t), float64
@@ -207,12 +243,16 @@ class Scored:
 
 
 @torch.no_grad()
-def score(engine: RolloutEngine, train, prompts: list[str], seed: int = 0, chunk: int = 256, top_k: int = 8) -> Scored:
+def score(
+    engine: RolloutEngine, train, prompts: list[str], seed: int = 0, chunk: int = 256, top_k: int = 8
+) -> Scored:
     """Sample the prompts with the engine (recording its distributions) and score them under `train`."""
     rollout = engine.generate(prompts, generator=torch.Generator(engine.device).manual_seed(seed))
     if rollout.engine_logits is None:
-        raise BadInput("the probe batch is too large to record the engine's distributions (RolloutConfig.record_gb); "
-                       "use fewer probes or shorter responses")
+        raise BadInput(
+            "the probe batch is too large to record the engine's distributions (RolloutConfig.record_gb); "
+            "use fewer probes or shorter responses"
+        )
     h_R_H, y_R = response_hidden(train, rollout)
     kl, logp_t, top = [], [], []
     for i in range(0, len(y_R), chunk):
@@ -225,9 +265,18 @@ def score(engine: RolloutEngine, train, prompts: list[str], seed: int = 0, chunk
         top.append((ids, top_e, logp_train.gather(-1, ids)))
     target_B_T = rollout.targets()
     seq_id = torch.arange(len(prompts), device=target_B_T.device)[:, None].expand_as(target_B_T)[target_B_T]
-    cat = lambda xs: torch.cat(xs).cpu() if xs else torch.zeros(0)  # noqa: E731
-    return Scored(rollout, cat(kl), rollout.logprobs[:, 1:][target_B_T].cpu(), cat(logp_t), seq_id.cpu(),
-                  *(cat([t[j] for t in top]) for j in range(3)))
+
+    def cat(parts: list) -> torch.Tensor:
+        return torch.cat(parts).cpu() if parts else torch.zeros(0)
+
+    return Scored(
+        rollout,
+        cat(kl),
+        rollout.logprobs[:, 1:][target_B_T].cpu(),
+        cat(logp_t),
+        seq_id.cpu(),
+        *(cat([t[j] for t in top]) for j in range(3)),
+    )
 
 
 def summarize(s: Scored, seed: int = 0) -> dict:
@@ -235,11 +284,18 @@ def summarize(s: Scored, seed: int = 0) -> dict:
     if len(s.kl_R) == 0:
         raise BadInput("the engine produced no response tokens to measure")
     lo, hi = bootstrap_ci(s.kl_R, s.seq_id_R, seed=seed)
-    return {"mismatch_kl": s.kl_R.mean().item(), "ci_low": lo, "ci_high": hi, "tokens": len(s.kl_R),
-            **sampled_token_metrics(s.logp_engine_R, s.logp_train_R, s.seq_id_R)}
+    return {
+        "mismatch_kl": s.kl_R.mean().item(),
+        "ci_low": lo,
+        "ci_high": hi,
+        "tokens": len(s.kl_R),
+        **sampled_token_metrics(s.logp_engine_R, s.logp_train_R, s.seq_id_R),
+    }
 
 
-def measure(engine: RolloutEngine, train, tokenizer, prompts: list[str], seed: int = 0, chunk: int = 256) -> dict:
+def measure(
+    engine: RolloutEngine, train, tokenizer, prompts: list[str], seed: int = 0, chunk: int = 256
+) -> dict:
     """Every metric of this module for one engine against one trainer policy, on the engine's samples."""
     return summarize(score(engine, train, prompts, seed, chunk), seed)
 
@@ -263,7 +319,9 @@ def measure_config(pair, cfg: RolloutConfig, probes: list[str], versions=None, k
     the engine's samples of `probes` against the trainer, with the time it took. keep: also return the
     Scored samples (under "scored")."""
     t0 = time.time()
-    calib = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]  # fp8 KV: never eval prompts
+    calib = [
+        format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]
+    ]  # fp8 KV: never eval prompts
     engine, train = configured_engine(pair.student, pair.tokenizer, cfg, calib, versions)
     scored = score(engine, train, probes, seed=cfg.seed)
     result = {**summarize(scored, cfg.seed), "seconds": time.time() - t0}
@@ -277,7 +335,12 @@ def sources(cfg: RolloutConfig) -> list[tuple[str, RolloutConfig]]:
     if cfg.weights != "fp32":
         rows.append((f"weights {cfg.weights}", replace(base, weights=cfg.weights, fp8_skip=cfg.fp8_skip)))
     if cfg.kv_cache != "model":
-        rows.append((f"kv {cfg.kv_cache} ({cfg.kv_scales})", replace(base, kv_cache=cfg.kv_cache, kv_scales=cfg.kv_scales)))
+        rows.append(
+            (
+                f"kv {cfg.kv_cache} ({cfg.kv_scales})",
+                replace(base, kv_cache=cfg.kv_cache, kv_scales=cfg.kv_scales),
+            )
+        )
     if cfg.staleness:
         rows.append((f"staleness {cfg.staleness}", replace(base, staleness=cfg.staleness)))
     if cfg.noise:
@@ -287,7 +350,9 @@ def sources(cfg: RolloutConfig) -> list[tuple[str, RolloutConfig]]:
     return rows
 
 
-def measure_sources(pair, cfg: RolloutConfig, probes: list[str], versions=None, progress: bool = True) -> list[dict]:
+def measure_sources(
+    pair, cfg: RolloutConfig, probes: list[str], versions=None, progress: bool = True
+) -> list[dict]:
     """The table: every source of cfg alone and combined, each against the trainer's current policy."""
     rows = sources(cfg)
     out = []
@@ -297,15 +362,26 @@ def measure_sources(pair, cfg: RolloutConfig, probes: list[str], versions=None, 
 
 
 def print_table(results: list[dict], pair: str) -> None:
-    print(f"mismatch on {pair}: KL(π_engine ‖ π_train), nats/token, on the engine's own samples "
-          "(95% bootstrap CI over prompts)")
+    print(
+        f"mismatch on {pair}: KL(π_engine ‖ π_train), nats/token, on the engine's own samples "
+        "(95% bootstrap CI over prompts)"
+    )
     cols = ["mismatch_kl", "95% CI", "k3", "k1", "|Δp| mean", "chi2", "ess", "seq_kl", "s"]
     widths = [12, 24, 11, 11, 11, 10, 7, 9, 7]
     print(f"{'source':<26}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths)))
     for r in results:
         ci = f"[{r['ci_low']:.2e}, {r['ci_high']:.2e}]"
-        cells = [f"{r['mismatch_kl']:.3e}", ci, f"{r['k3']:.2e}", f"{r['k1']:.2e}", f"{r['dp_mean']:.2e}",
-                 f"{r['chi2']:.2e}", f"{r['ess']:.3f}", f"{r['seq_kl']:.3f}", f"{r['seconds']:.1f}"]
+        cells = [
+            f"{r['mismatch_kl']:.3e}",
+            ci,
+            f"{r['k3']:.2e}",
+            f"{r['k1']:.2e}",
+            f"{r['dp_mean']:.2e}",
+            f"{r['chi2']:.2e}",
+            f"{r['ess']:.3f}",
+            f"{r['seq_kl']:.3f}",
+            f"{r['seconds']:.1f}",
+        ]
         print(f"{r['source']:<26}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 
 
@@ -314,18 +390,35 @@ def print_table(results: list[dict], pair: str) -> None:
 
 
 def build_parser() -> Parser:
-    p = Parser(description="Measure each mismatch source of a rollout configuration on the one scale (no training).")
+    p = Parser(
+        description="Measure each mismatch source of a rollout configuration on the one scale (no training)."
+    )
     p.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
-    p.add_argument("--probes", type=positive_int, help=f"held-out probe prompts (default: {PROBES['tiny']} tiny, "
-                   f"{DEFAULT_PROBES} others)")
-    p.add_argument("--prompts", help="metrics-only mode on your own prompts: a JSONL file of {\"prompt\": ...}; "
-                   "every line is a probe")
-    p.add_argument("--control", action="store_true", help="the zero-mismatch control: the engine is the trainer's "
-                   "exact copy, scored twice; its number is the floor of this setup")
-    p.add_argument("--dump-out", help="also write the samples as a log dump (dumps.py's JSONL schema) to this file")
-    p.add_argument("--json", action="store_true", help="print JSON (one object per row; mismatch_kl is the number)")
+    p.add_argument(
+        "--probes",
+        type=positive_int,
+        help=f"held-out probe prompts (default: {PROBES['tiny']} tiny, {DEFAULT_PROBES} others)",
+    )
+    p.add_argument(
+        "--prompts",
+        help='metrics-only mode on your own prompts: a JSONL file of {"prompt": ...}; every line is a probe',
+    )
+    p.add_argument(
+        "--control",
+        action="store_true",
+        help="the zero-mismatch control: the engine is the trainer's "
+        "exact copy, scored twice; its number is the floor of this setup",
+    )
+    p.add_argument(
+        "--dump-out", help="also write the samples as a log dump (dumps.py's JSONL schema) to this file"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print JSON (one object per row; mismatch_kl is the number)"
+    )
     p.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
-    p.add_argument("--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)")
+    p.add_argument(
+        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+    )
     # train.py's rollout flags, so a configuration reads the same everywhere; no temperature or top-p:
     # mismatch is measured between the policies themselves.
     add_rollout_args(p.add_argument_group("rollout engine"), sampling=False)
@@ -350,8 +443,11 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
         if args.staleness:
-            raise BadInput(f"--staleness {args.staleness}: measuring staleness needs real training steps to make "
-                           "the old weights; use `python experiments.py sources --staleness K` (mismatch.py never trains)")
+            raise BadInput(
+                f"--staleness {args.staleness}: measuring staleness needs real training steps to make "
+                "the old weights; use `python experiments.py sources --staleness K` "
+                "(mismatch.py never trains)"
+            )
         check_out_file(args.dump_out, "--dump-out")
         device = resolve_device(args.device)
         n_new = args.max_new_tokens or MAX_NEW_TOKENS.get(args.pair, RolloutConfig.max_new_tokens)
@@ -371,8 +467,17 @@ def main(argv=None) -> None:
     except (BadInput, NonFinite) as e:
         fail(e)
     if args.json:
-        print(json.dumps({"pair": args.pair, "scale": "KL(engine||train) nats/token", "device": device, "rows": results},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "pair": args.pair,
+                    "scale": "KL(engine||train) nats/token",
+                    "device": device,
+                    "rows": results,
+                },
+                indent=2,
+            )
+        )
     else:
         print_table(results, args.pair)
 

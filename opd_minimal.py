@@ -112,16 +112,34 @@ def checked(kind, ok, accepted: str):
     return convert
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     ap = Parser(description="OPD with a noisy rollout engine, in one file.")
-    ap.add_argument("--steps", type=checked(int, lambda x: x >= 1, "an integer >= 1"), default=100, help="optimizer steps")
-    ap.add_argument("--noise", type=checked(float, lambda x: 0 <= x < 1e3, "a number in [0, 1000)"), default=0.01,
-                    help="relative std of the engine's weight noise; 0 = exact copy")
-    ap.add_argument("--lr", type=checked(float, lambda x: 0 < x < 1, "a number in (0, 1)"), default=3e-4,
-                    help="AdamW learning rate")
-    ap.add_argument("--batch", type=checked(int, lambda x: x >= 1, "an integer >= 1"), default=64, help="responses per step")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--steps", type=checked(int, lambda x: x >= 1, "an integer >= 1"), default=100, help="optimizer steps"
+    )
+    ap.add_argument(
+        "--noise",
+        type=checked(float, lambda x: 0 <= x < 1e3, "a number in [0, 1000)"),
+        default=0.01,
+        help="relative std of the engine's weight noise; 0 = exact copy",
+    )
+    ap.add_argument(
+        "--lr",
+        type=checked(float, lambda x: 0 < x < 1, "a number in (0, 1)"),
+        default=3e-4,
+        help="AdamW learning rate",
+    )
+    ap.add_argument(
+        "--batch",
+        type=checked(int, lambda x: x >= 1, "an integer >= 1"),
+        default=64,
+        help="responses per step",
+    )
+    return ap.parse_args(argv)
 
+
+def main(argv=None):
+    args = parse_args(argv)
     torch.manual_seed(0)
     gen, rng = torch.Generator().manual_seed(0), random.Random(0)
     tok = AutoTokenizer.from_pretrained(PAIR_DIR / "student", padding_side="left")
@@ -130,7 +148,9 @@ def main(argv=None):
     engine = copy.deepcopy(student)  # the rollout engine's own weights
     opt = torch.optim.AdamW(student.parameters(), lr=args.lr)
 
-    print(f"engine noise sigma = {args.noise}; step 0 accuracy {accuracy(student, tok, random.Random(1)):.2f}")
+    print(
+        f"engine noise sigma = {args.noise}; step 0 accuracy {accuracy(student, tok, random.Random(1)):.2f}"
+    )
     print(f"{'step':>4}  {'reverse KL':>10}  {'mismatch':>9}  {'accuracy':>8}")
     t0 = time.time()
     for step in range(1, args.steps + 1):
@@ -149,9 +169,14 @@ def main(argv=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         opt.step()
-        acc = f"{accuracy(student, tok, random.Random(1)):8.2f}" if step % 20 == 0 or step == args.steps else ""
+        acc = (
+            f"{accuracy(student, tok, random.Random(1)):8.2f}" if step % 20 == 0 or step == args.steps else ""
+        )
         print(f"{step:4d}  {loss.item():10.4f}  {mismatch.item():9.5f}  {acc}", flush=True)
-    print(f"done in {time.time() - t0:.0f}s (reverse KL in nats/token; accuracy: greedy exact match, 256 problems)")
+    print(
+        f"done in {time.time() - t0:.0f}s "
+        "(reverse KL in nats/token; accuracy: greedy exact match, 256 problems)"
+    )
 
 
 if __name__ == "__main__":

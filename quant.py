@@ -32,7 +32,8 @@ import torch
 from cli import BadInput, Parser, fail, positive_float
 from models import PAIRS, format_prompt, load_pair, n_params
 
-from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig  # isort: skip
+from torchao.quantization import Float8DynamicActivationFloat8WeightConfig  # isort: skip
+from torchao.quantization import Float8WeightOnlyConfig  # isort: skip
 from torchao.quantization import PerRow, quantize_  # isort: skip
 from torchao.quantization.qat import Float8FakeQuantizeConfig, QATConfig  # isort: skip
 from transformers import DynamicCache  # isort: skip
@@ -49,7 +50,7 @@ FP8_WEIGHTS = ("fp8", "fp8-dyn", "fp8-emu")
 
 
 def fp8_scale(x: torch.Tensor, dims) -> torch.Tensor:
-    """s = amax(|x|) / 448 over `dims` (kept as size-1 dims), eps-clamped so an all-zero group stays finite."""
+    """s = amax(|x|) / 448 over `dims` (kept as size-1 dims), eps-clamped: an all-zero group stays finite."""
     return (x.detach().abs().float().amax(dim=dims, keepdim=True) / FP8_MAX).clamp(min=EPS)
 
 
@@ -92,7 +93,9 @@ class Fp8KVLayer(DynamicLayer):
         return self.v_store[:, :, : self.length]
 
     @keys.setter
-    def keys(self, value) -> None:  # the base class initialises keys and values to None; nothing else may set them
+    def keys(
+        self, value
+    ) -> None:  # the base class initialises keys and values to None; nothing else may set them
         if value is not None:
             raise AttributeError("Fp8KVLayer stores keys only through update()")
 
@@ -243,7 +246,10 @@ def cache_bytes(cache) -> int:
     """Real bytes held by a filled cache: stored keys and values, plus the fp8 layers' scales."""
     total = 0
     for layer in cache.layers:
-        total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        total += (
+            layer.keys.numel() * layer.keys.element_size()
+            + layer.values.numel() * layer.values.element_size()
+        )
         if isinstance(layer, Fp8KVLayer):
             total += (layer.key_scale.numel() + layer.value_scale.numel()) * layer.key_scale.element_size()
     return total
@@ -268,21 +274,35 @@ def print_kv_capacity(memory_gb: float, shapes) -> None:
     memory = memory_gb * 2**30
     print(f"KV tokens that fit in {memory_gb:g} GiB after the weights (weights / KV cache):")
     header = ["KV B/token bf16", "bf16/bf16", "bf16/fp8", "fp8/bf16", "fp8/fp8", "fp8 KV ÷ bf16 KV"]
-    print(f"{'model':<26}" + "".join(f"{h:>{18 if h.startswith('fp8 KV') else 16 if 'B/' in h else 12}}" for h in header))
+    print(
+        f"{'model':<26}"
+        + "".join(f"{h:>{18 if h.startswith('fp8 KV') else 16 if 'B/' in h else 12}}" for h in header)
+    )
     for s in shapes:
         c = kv_capacity(s, memory)
         bf16_kv = c[("bf16", "bf16")] or c[("fp8", "bf16")]  # compare at bf16 weights when they fit, else fp8
         fp8_kv = c[("bf16", "fp8")] or c[("fp8", "fp8")]
         ratio = f"{fp8_kv / bf16_kv:.3f}x" if bf16_kv else "does not fit"
         cells = [c[("bf16", "bf16")], c[("bf16", "fp8")], c[("fp8", "bf16")], c[("fp8", "fp8")]]
-        print(f"{s.name:<26}{kv_bytes_per_token(s, 'bf16'):>16,.0f}" + "".join(f"{x:>12,}" for x in cells) + f"{ratio:>18}")
+        print(
+            f"{s.name:<26}{kv_bytes_per_token(s, 'bf16'):>16,.0f}"
+            + "".join(f"{x:>12,}" for x in cells)
+            + f"{ratio:>18}"
+        )
 
 
 def shape_of(name: str, model) -> ModelShape:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return ModelShape(name, n_params(model), c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-                      c.hidden_size, head_dim)
+    return ModelShape(
+        name,
+        n_params(model),
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.hidden_size,
+        head_dim,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -297,8 +317,11 @@ def fp8_dyn_available() -> bool:
 
 def fp8_linear_size(model, skip=DEFAULT_SKIP) -> tuple[int, int]:
     """(weight elements, output rows) of the Linear layers quantize_weights would put in FP8."""
-    linears = [m for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and not any(fnmatch.fnmatch(name, pat) for pat in skip)]
+    linears = [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and not any(fnmatch.fnmatch(name, pat) for pat in skip)
+    ]
     return sum(m.weight.numel() for m in linears), sum(m.weight.shape[0] for m in linears)
 
 
@@ -326,8 +349,10 @@ def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
     if mode not in FP8_WEIGHTS:
         raise BadInput(f"weights {mode!r}: choose one of {', '.join(FP8_WEIGHTS)}")
     if mode == "fp8-dyn" and not fp8_dyn_available():
-        raise BadInput("weights 'fp8-dyn' needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); "
-                       "use 'fp8' or the emulation 'fp8-emu' here")
+        raise BadInput(
+            "weights 'fp8-dyn' needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); "
+            "use 'fp8' or the emulation 'fp8-emu' here"
+        )
 
     def keep_in_fp8(module, name: str) -> bool:
         return isinstance(module, torch.nn.Linear) and not any(fnmatch.fnmatch(name, pat) for pat in skip)
@@ -343,16 +368,29 @@ def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
 def main(argv=None) -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    cap = sub.add_parser("kv-capacity", help="KV tokens that fit in a memory budget: bf16 vs fp8 weights and KV")
-    cap.add_argument("--memory-gb", type=positive_float, default=80.0, help="memory budget in GiB (default: %(default)s, one H100)")
-    cap.add_argument("--pairs", default="tiny,smollm2", help="embedded pairs to include, comma-separated ('' = none; default: %(default)s)")
+    cap = sub.add_parser(
+        "kv-capacity", help="KV tokens that fit in a memory budget: bf16 vs fp8 weights and KV"
+    )
+    cap.add_argument(
+        "--memory-gb",
+        type=positive_float,
+        default=80.0,
+        help="memory budget in GiB (default: %(default)s, one H100)",
+    )
+    cap.add_argument(
+        "--pairs",
+        default="tiny,smollm2",
+        help="embedded pairs to include, comma-separated ('' = none; default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.pairs.split(",") if n]
     shapes, measured = [], []
     try:
         for name in names:
             if name not in PAIRS:
-                raise BadInput(f"--pairs {args.pairs!r}: {name!r} is not a pair; choose from {', '.join(PAIRS)}")
+                raise BadInput(
+                    f"--pairs {args.pairs!r}: {name!r} is not a pair; choose from {', '.join(PAIRS)}"
+                )
         for name in names:
             pair = load_pair(name)
             shapes += [shape_of(f"{name} teacher", pair.teacher), shape_of(f"{name} student", pair.student)]
@@ -361,8 +399,10 @@ def main(argv=None) -> None:
     except BadInput as e:
         fail(e)
     for name, m in measured:
-        print(f"measured KV memory, {name}: bf16 {m['bf16']:,.1f} B/token, fp8 {m['fp8']:,.1f} B/token with "
-              f"scales ({m['fp8'] / m['bf16']:.3f}x)")
+        print(
+            f"measured KV memory, {name}: bf16 {m['bf16']:,.1f} B/token, fp8 {m['fp8']:,.1f} B/token with "
+            f"scales ({m['fp8'] / m['bf16']:.3f}x)"
+        )
     print_kv_capacity(args.memory_gb, shapes + KNOWN_SHAPES)
 
 

@@ -8,7 +8,8 @@ module holds the two pieces that differ from OPD; the loss itself runs through t
     advantage    per prompt g with G responses (a group):
                      A_gi = (r_gi − mean_j r_gj) / (std_j r_gj + eps)     std over the group (1/G)
                  a group whose responses all score the same has A = 0: it carries no signal
-    loss         −(1/N) Σ_i Σ_t w_it · A_i · log π_train(y_it | x_<t)       token mean over the N response tokens
+    loss         −(1/N) Σ_i Σ_t w_it · A_i · log π_train(y_it | x_<t)
+                     token mean over the N response tokens
     TIS          w_it = min(π_train(y_it)/π_engine(y_it), C) with --tis-cap C; 1 when off
 
 One gradient step is taken per batch, so GRPO's ratio π_θ/π_old equals 1 at the step and its clipping never

@@ -43,14 +43,16 @@ KV_SCALES = ("calibrated", "unit")
 
 @dataclass
 class RolloutConfig:
-    """Everything that decides how the engine samples. Saved with every run; every CLI default comes from here."""
+    """Everything that decides how the engine samples. Saved with every run; each CLI default is read here."""
 
     temperature: float = 1.0  # 0 = greedy (argmax); 1 = the policy itself
     top_p: float = 1.0  # nucleus sampling; 1 = no truncation
     max_new_tokens: int = 48  # response length limit (EOS usually ends a row earlier); pairs set their own
     seed: int = 0  # seeds the sampling generator when the caller passes none, and the weight noise
     ignore_eos: bool = False  # keep sampling past EOS (for benchmarks that need a fixed length)
-    weights: str = "fp32"  # engine weight precision: fp32 | bf16 | fp8 (weight-only) | fp8-dyn (W8A8, CUDA) | fp8-emu
+    weights: str = (
+        "fp32"  # engine weight precision: fp32 | bf16 | fp8 (weight-only) | fp8-dyn (W8A8, CUDA) | fp8-emu
+    )
     fp8_skip: tuple = ("lm_head",)  # module-name patterns (fnmatch) kept in high precision under fp8 weights
     kv_cache: str = "model"  # KV cache storage: model (engine compute dtype) | fp8 (e4m3, per-head scales)
     kv_scales: str = "calibrated"  # fp8 KV scales: calibrated (amax/448 on probe prompts) | unit (1.0)
@@ -65,9 +67,15 @@ class RolloutConfig:
             (self.max_new_tokens >= 1, f"max_new_tokens {self.max_new_tokens}: must be >= 1"),
             (self.weights in WEIGHTS, f"weights {self.weights!r}: choose one of {', '.join(WEIGHTS)}"),
             (self.kv_cache in KV_CACHES, f"kv_cache {self.kv_cache!r}: choose one of {', '.join(KV_CACHES)}"),
-            (self.kv_scales in KV_SCALES, f"kv_scales {self.kv_scales!r}: choose one of {', '.join(KV_SCALES)}"),
+            (
+                self.kv_scales in KV_SCALES,
+                f"kv_scales {self.kv_scales!r}: choose one of {', '.join(KV_SCALES)}",
+            ),
             (self.staleness >= 0, f"staleness {self.staleness}: must be >= 0 (0 = synchronous)"),
-            (0 <= self.noise < float("inf"), f"noise {self.noise}: must be a finite number >= 0 (0 = no noise)"),
+            (
+                0 <= self.noise < float("inf"),
+                f"noise {self.noise}: must be a finite number >= 0 (0 = no noise)",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -119,20 +127,40 @@ def sample_next(logits_B_V: torch.Tensor, cfg: RolloutConfig, generator) -> tupl
     """Draw one token per row; return (token_B, logprob_B) with logprob from the sampling distribution q."""
     logits_B_V = logits_B_V.float()
     if not torch.isfinite(logits_B_V).all():
-        raise NonFinite("the rollout engine produced non-finite logits (NaN or inf): its weights are broken "
-                        "(too much --noise, or a diverged student)")
+        raise NonFinite(
+            "the rollout engine produced non-finite logits (NaN or inf): its weights are broken "
+            "(too much --noise, or a diverged student)"
+        )
     if cfg.temperature == 0:
         token_B = logits_B_V.argmax(-1)
         return token_B, torch.log_softmax(logits_B_V, -1).gather(-1, token_B[:, None]).squeeze(-1)
     logq_B_V = torch.log_softmax(logits_B_V / cfg.temperature, -1)
-    if cfg.top_p < 1:
-        logq_B_V = top_p_filter(logq_B_V, cfg.top_p)
+    if cfg.top_p < 1:  # draw among the nucleus only: no full-vocabulary sort in the common case
+        ids_B_K, logq_B_K = nucleus(logq_B_V, cfg.top_p)
+        pick_B_1 = torch.multinomial(logq_B_K.exp(), 1, generator=generator)
+        return ids_B_K.gather(-1, pick_B_1).squeeze(-1), logq_B_K.gather(-1, pick_B_1).squeeze(-1)
     token_B = torch.multinomial(logq_B_V.exp(), 1, generator=generator).squeeze(-1)
     return token_B, logq_B_V.gather(-1, token_B[:, None]).squeeze(-1)
 
 
+def nucleus(logp_B_V: torch.Tensor, top_p: float, k: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_p_filter's nucleus, found among the k most likely tokens (topk, not a sort of the vocabulary).
+
+    Returns the candidates' ids [B, K] and their log-probs renormalised over the nucleus (−inf outside it).
+    When the k most likely tokens of some row hold less than top_p, K grows to the whole vocabulary.
+    """
+    k = min(k, logp_B_V.shape[-1])
+    sorted_B_K, ids_B_K = logp_B_V.topk(k, -1)  # sorted, most likely first
+    if k < logp_B_V.shape[-1] and (sorted_B_K.exp().sum(-1) < top_p).any():
+        sorted_B_K, ids_B_K = logp_B_V.sort(-1, descending=True)
+    mass_before_B_K = sorted_B_K.exp().cumsum(-1) - sorted_B_K.exp()  # mass of strictly more likely tokens
+    kept_B_K = sorted_B_K.masked_fill(mass_before_B_K >= top_p, float("-inf"))
+    return ids_B_K, kept_B_K - kept_B_K.logsumexp(-1, keepdim=True)
+
+
 def top_p_filter(logp_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise; others get -inf."""
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise; others get -inf.
+    The slow, obvious twin of `nucleus` (a test holds them equal)."""
     sorted_B_V, order_B_V = logp_B_V.sort(-1, descending=True)
     mass_before_B_V = sorted_B_V.exp().cumsum(-1) - sorted_B_V.exp()  # mass of strictly more likely tokens
     drop_sorted_B_V = mass_before_B_V >= top_p  # the first token always stays (mass before it is 0)
@@ -169,8 +197,13 @@ def response_hidden(model, rollout: Rollout, cache=None) -> tuple[torch.Tensor, 
     Returns h_N_H and y_N, N = response tokens in the batch (row-major). `cache`: an empty KV cache to score
     through (the engine's FP8 cache, so its rounding is included).
     """
-    out = model.get_decoder()(input_ids=rollout.tokens, attention_mask=rollout.attention_mask,
-                              position_ids=positions(rollout.attention_mask), cache=cache, use_cache=cache is not None)
+    out = model.get_decoder()(
+        input_ids=rollout.tokens,
+        attention_mask=rollout.attention_mask,
+        position_ids=positions(rollout.attention_mask),
+        cache=cache,
+        use_cache=cache is not None,
+    )
     target_B_T = rollout.targets()
     return out.last_hidden_state[:, :-1][target_B_T], rollout.tokens[:, 1:][target_B_T]
 
@@ -187,16 +220,22 @@ def positions(attention_mask_B_T: torch.Tensor) -> torch.Tensor:
 
 def prefill(model, ids_B_P, attn_B_P, cache) -> torch.Tensor:
     """Run the prompts through the decoder, filling `cache`; return the last position's logits [B, V]."""
-    out = model.get_decoder()(input_ids=ids_B_P, attention_mask=attn_B_P, position_ids=positions(attn_B_P),
-                              cache=cache, use_cache=True)
+    out = model.get_decoder()(
+        input_ids=ids_B_P,
+        attention_mask=attn_B_P,
+        position_ids=positions(attn_B_P),
+        cache=cache,
+        use_cache=True,
+    )
     return decode_head(model, out.last_hidden_state[:, -1])
 
 
 def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
     """Feed one new token per row (its mask bit is already in attn_B_T); return next-token logits [B, V]."""
     pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
-    out = model.get_decoder()(input_ids=token_B[:, None], attention_mask=attn_B_T, position_ids=pos_B_1,
-                              cache=cache, use_cache=True)
+    out = model.get_decoder()(
+        input_ids=token_B[:, None], attention_mask=attn_B_T, position_ids=pos_B_1, cache=cache, use_cache=True
+    )
     return decode_head(model, out.last_hidden_state[:, -1])
 
 
@@ -207,8 +246,16 @@ def encode_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, t
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], cfg: RolloutConfig, generator: torch.Generator | None = None,
-             version: int = 0, cache=None, record: bool = False) -> Rollout:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    cfg: RolloutConfig,
+    generator: torch.Generator | None = None,
+    version: int = 0,
+    cache=None,
+    record: bool = False,
+) -> Rollout:
     """Sample one response per (already formatted) prompt with our prefill/decode loop.
 
     `cache`: another transformers Cache (default DynamicCache). `record`: keep the engine's logits at every
@@ -270,7 +317,7 @@ def calibrate_kv_scales(model, tokenizer, prompts: list[str], cfg: RolloutConfig
 
 
 def add_weight_noise(model, sigma: float, generator: torch.Generator) -> None:
-    """W <- W + σ · rms(W) · ε, ε ~ N(0, I), for every parameter tensor: noise relative to the tensor's scale."""
+    """W <- W + σ · rms(W) · ε, ε ~ N(0, I), for every parameter tensor: noise relative to its scale."""
     with torch.no_grad():
         for p in model.parameters():
             rms = p.float().pow(2).mean().sqrt()
@@ -289,7 +336,7 @@ class RolloutEngine:
     sync(student, version) pushes the trainer's weights after each optimizer step. The engine then serves:
         staleness k  the weights of version max(v − k, first version seen): it keeps the last k+1 snapshots
                      (memory: (k+1) × the student's fp32 size, about 0.45 GB each for smollm2);
-        noise σ      add_weight_noise with a generator seeded by (seed, served version), so it is reproducible;
+        noise σ      add_weight_noise with a generator seeded by (seed, served version): reproducible;
         weights      the copy cast to bf16 or quantized to FP8 (quant.quantize_weights), after the noise;
         kv_cache     fp8: quant.Fp8KVLayer with calibrated (probe prompts, recomputed at every new version)
                      or unit scales.
@@ -303,7 +350,9 @@ class RolloutEngine:
         self.device = next(student.parameters()).device
         self.probe_prompts = list(probe_prompts)
         if cfg.kv_cache == "fp8" and cfg.kv_scales == "calibrated" and not self.probe_prompts:
-            raise BadInput("kv_scales 'calibrated' needs probe prompts to calibrate on; pass some, or use 'unit'")
+            raise BadInput(
+                "kv_scales 'calibrated' needs probe prompts to calibrate on; pass some, or use 'unit'"
+            )
         self.snapshots: deque = deque()
         self.model, self.version, self.kv_scales = None, None, None
 
@@ -311,7 +360,8 @@ class RolloutEngine:
         self.receive(version, snapshot(student))
 
     def receive(self, version: int, weights: dict) -> None:
-        """sync's second half, for weights already snapshotted (the async worker rebuilds off the trainer's thread)."""
+        """sync's second half, for weights already snapshotted (the async worker rebuilds off the trainer's
+        thread)."""
         self.snapshots.append((version, weights))
         while len(self.snapshots) > self.cfg.staleness + 1:
             self.snapshots.popleft()
@@ -326,8 +376,10 @@ class RolloutEngine:
             seed = self.cfg.seed * 1_000_003 + version
             add_weight_noise(model, self.cfg.noise, torch.Generator(self.device).manual_seed(seed))
             if not all(torch.isfinite(p).all() for p in model.parameters()):
-                raise BadInput(f"--noise {self.cfg.noise:g} makes the engine's weights non-finite (version "
-                                f"{version}); use a smaller --noise")
+                raise BadInput(
+                    f"--noise {self.cfg.noise:g} makes the engine's weights non-finite (version "
+                    f"{version}); use a smaller --noise"
+                )
         if self.cfg.weights == "bf16":
             model = model.to(torch.bfloat16)
         elif self.cfg.weights != "fp32":
@@ -335,8 +387,11 @@ class RolloutEngine:
         model.eval()
         if self.cfg.kv_cache == "fp8":
             calibrated = self.cfg.kv_scales == "calibrated"
-            self.kv_scales = (calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, self.cfg)
-                              if calibrated else KVScales.unit(model.config))
+            self.kv_scales = (
+                calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, self.cfg)
+                if calibrated
+                else KVScales.unit(model.config)
+            )
         return model
 
     def new_cache(self):
@@ -345,8 +400,16 @@ class RolloutEngine:
 
     def generate(self, prompts: list[str], generator: torch.Generator | None = None) -> Rollout:
         """Sample with the served weights, recording the engine's distributions (see the module docstring)."""
-        return generate(self.model, self.tokenizer, prompts, self.cfg, generator=generator, version=self.version,
-                        cache=self.new_cache(), record=True)
+        return generate(
+            self.model,
+            self.tokenizer,
+            prompts,
+            self.cfg,
+            generator=generator,
+            version=self.version,
+            cache=self.new_cache(),
+            record=True,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -357,48 +420,100 @@ def add_rollout_args(g, sampling: bool = True) -> None:
     """The rollout engine flags (sampling=False: the policies at temperature 1, for measurement)."""
     d = RolloutConfig()
     if sampling:
-        g.add_argument("--temperature", type=nonneg_float, default=d.temperature,
-                       help="sampling temperature; 0 = greedy (default: %(default)s, the policy itself)")
-        g.add_argument("--top-p", type=fraction, default=d.top_p, help="nucleus mass; 1 = no truncation (default: %(default)s)")
+        g.add_argument(
+            "--temperature",
+            type=nonneg_float,
+            default=d.temperature,
+            help="sampling temperature; 0 = greedy (default: %(default)s, the policy itself)",
+        )
+        g.add_argument(
+            "--top-p",
+            type=fraction,
+            default=d.top_p,
+            help="nucleus mass; 1 = no truncation (default: %(default)s)",
+        )
     g.add_argument("--max-new-tokens", type=positive_int, help="response length limit (default: the pair's)")
-    g.add_argument("--weights", default=d.weights, choices=WEIGHTS,
-                   help="engine weights: fp8 = weight-only; fp8-dyn = W8A8, CUDA sm>=8.9; fp8-emu = W8A8 emulated "
-                   "(default: %(default)s)")
-    g.add_argument("--fp8-skip", default=",".join(d.fp8_skip),
-                   help="comma-separated module-name patterns kept in high precision under fp8 weights "
-                   "('' = quantize every Linear; default: %(default)s)")
-    g.add_argument("--kv-cache", default=d.kv_cache, choices=KV_CACHES,
-                   help="KV cache: model = engine dtype; fp8 = e4m3 with per-head scales (default: %(default)s)")
-    g.add_argument("--kv-scales", default=d.kv_scales, choices=KV_SCALES,
-                   help="fp8 KV scales: calibrated = amax/448 on probe prompts; unit = 1.0 (default: %(default)s)")
-    g.add_argument("--staleness", type=nonneg_int, default=d.staleness,
-                   help="optimizer steps the engine lags behind the trainer; 0 = synchronous (default: %(default)s)")
-    g.add_argument("--noise", type=nonneg_float, default=d.noise,
-                   help="relative std of Gaussian noise on the engine's weights; 0 = none (default: %(default)s)")
+    g.add_argument(
+        "--weights",
+        default=d.weights,
+        choices=WEIGHTS,
+        help="engine weights: fp8 = weight-only; fp8-dyn = W8A8, CUDA sm>=8.9; fp8-emu = W8A8 emulated "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--fp8-skip",
+        default=",".join(d.fp8_skip),
+        help="comma-separated module-name patterns kept in high precision under fp8 weights "
+        "('' = quantize every Linear; default: %(default)s)",
+    )
+    g.add_argument(
+        "--kv-cache",
+        default=d.kv_cache,
+        choices=KV_CACHES,
+        help="KV cache: model = engine dtype; fp8 = e4m3 with per-head scales (default: %(default)s)",
+    )
+    g.add_argument(
+        "--kv-scales",
+        default=d.kv_scales,
+        choices=KV_SCALES,
+        help="fp8 KV scales: calibrated = amax/448 on probe prompts; unit = 1.0 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--staleness",
+        type=nonneg_int,
+        default=d.staleness,
+        help="optimizer steps the engine lags behind the trainer; 0 = synchronous (default: %(default)s)",
+    )
+    g.add_argument(
+        "--noise",
+        type=nonneg_float,
+        default=d.noise,
+        help="relative std of Gaussian noise on the engine's weights; 0 = none (default: %(default)s)",
+    )
 
 
 def rollout_config_from_args(args, max_new_tokens: int) -> RolloutConfig:
     """A RolloutConfig from the add_rollout_args flags (temperature 1 and top-p 1 where they are absent)."""
     d = RolloutConfig()
-    return RolloutConfig(temperature=getattr(args, "temperature", d.temperature), top_p=getattr(args, "top_p", d.top_p),
-                         max_new_tokens=max_new_tokens, seed=args.seed, weights=args.weights,
-                         fp8_skip=tuple(p for p in args.fp8_skip.split(",") if p), kv_cache=args.kv_cache,
-                         kv_scales=args.kv_scales, staleness=args.staleness, noise=args.noise)
+    return RolloutConfig(
+        temperature=getattr(args, "temperature", d.temperature),
+        top_p=getattr(args, "top_p", d.top_p),
+        max_new_tokens=max_new_tokens,
+        seed=args.seed,
+        weights=args.weights,
+        fp8_skip=tuple(p for p in args.fp8_skip.split(",") if p),
+        kv_cache=args.kv_cache,
+        kv_scales=args.kv_scales,
+        staleness=args.staleness,
+        noise=args.noise,
+    )
 
 
 def main(argv=None) -> None:
     d = RolloutConfig()
     parser = Parser(description="Sample responses with the rollout engine and print them.")
     parser.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
-    parser.add_argument("--n", type=positive_int, default=4, help="number of held-out prompts (default: %(default)s)")
-    parser.add_argument("--temperature", type=nonneg_float, default=d.temperature, help="0 = greedy (default: %(default)s)")
-    parser.add_argument("--top-p", type=fraction, default=d.top_p, help="1 = no truncation (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens, help="length limit (default: %(default)s)")
+    parser.add_argument(
+        "--n", type=positive_int, default=4, help="number of held-out prompts (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--temperature", type=nonneg_float, default=d.temperature, help="0 = greedy (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--top-p", type=fraction, default=d.top_p, help="1 = no truncation (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=d.max_new_tokens,
+        help="length limit (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
-        cfg = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                            seed=args.seed)
+        cfg = RolloutConfig(
+            temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
+        )
         pair = load_pair(args.pair)
         prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
         t0 = time.time()
@@ -406,7 +521,9 @@ def main(argv=None) -> None:
     except (BadInput, NonFinite) as e:
         fail(e)
     print(f"config: {asdict(cfg)}  ({time.time() - t0:.2f}s)")
-    for p, r, lp, m in zip(pair.eval_prompts, rollout.responses(pair.tokenizer), rollout.logprobs, rollout.response_mask):
+    for p, r, lp, m in zip(
+        pair.eval_prompts, rollout.responses(pair.tokenizer), rollout.logprobs, rollout.response_mask
+    ):
         print(f"{p.text!r} -> {r!r}   sum log q = {lp[m.bool()].sum():.2f} over {int(m.sum())} tokens")
 
 

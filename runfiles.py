@@ -77,8 +77,9 @@ def load_checkpoint(path: Path, device) -> dict:
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # a truncated or foreign file: pickle, zip and tensor errors all land here
-        raise BadInput(f"--resume: {path} cannot be read ({type(e).__name__}); remove it to restart that run "
-                       "from step 0") from None
+        raise BadInput(
+            f"--resume: {path} cannot be read ({type(e).__name__}); remove it to restart that run from step 0"
+        ) from None
     if not isinstance(state, dict) or not {"step", "student", "optimizer"} <= state.keys():
         raise BadInput(f"--resume: {path} is not a checkpoint of train.py (missing step/student/optimizer)")
     return state
@@ -87,8 +88,10 @@ def load_checkpoint(path: Path, device) -> dict:
 def clean_leftovers(run_dir: Path) -> None:
     """Remove *.tmp files a killed save left behind (they are never read), with a note."""
     for tmp in run_dir.glob("*.tmp"):
-        print(f"note: removing {tmp} ({tmp.stat().st_size / 2**20:.0f} MiB), left by an interrupted save",
-              file=sys.stderr)
+        print(
+            f"note: removing {tmp} ({tmp.stat().st_size / 2**20:.0f} MiB), left by an interrupted save",
+            file=sys.stderr,
+        )
         tmp.unlink()
 
 
@@ -147,12 +150,21 @@ class RunLock:
             owner = json.loads(self.path.read_text())
             pid, host = int(owner["pid"]), str(owner["host"])
         except (OSError, ValueError, KeyError, TypeError):
-            owner, pid, host = None, -1, socket.gethostname()  # unreadable: written by a process killed mid-write
+            owner, pid, host = (
+                None,
+                -1,
+                socket.gethostname(),
+            )  # unreadable: written by a process killed mid-write
         if host != socket.gethostname():
-            raise BadInput(f"{self.path.parent} is locked by PID {pid} on host {host}; if that run is dead, "
-                           f"remove {self.path}")
+            raise BadInput(
+                f"{self.path.parent} is locked by PID {pid} on host {host}; if that run is dead, "
+                f"remove {self.path}"
+            )
         if pid != -1 and _alive(pid):
-            raise BadInput(f"{self.path.parent} is in use by PID {pid} on this host; wait for it, or choose another --name")
+            raise BadInput(
+                f"{self.path.parent} is in use by PID {pid} on this host; "
+                "wait for it, or choose another --name"
+            )
         print(f"note: taking over {self.path} from PID {pid}, which is no longer running", file=sys.stderr)
         self.path.unlink(missing_ok=True)
 
@@ -177,14 +189,21 @@ def plot_curves(records: list[dict], path: Path, title: str) -> None:
     has_acc = any("eval_acc" in r for r in evals)
     fig, axes = plt.subplots(1, 2 if has_acc else 1, figsize=(10 if has_acc else 5.5, 4), squeeze=False)
     ax = axes[0, 0]
-    ax.plot([r["step"] for r in train], [r["rkl"] for r in train], label="train reverse KL (on-policy batch)", alpha=0.6)
+    ax.plot(
+        [r["step"] for r in train],
+        [r["rkl"] for r in train],
+        label="train reverse KL (on-policy batch)",
+        alpha=0.6,
+    )
     ax.plot([r["step"] for r in evals], [r["eval_rkl"] for r in evals], "o-", label="held-out reverse KL")
     ax.set(xlabel="step", ylabel="nats / token", title=title)
     ax.legend()
     if has_acc:
         acc = [r for r in evals if "eval_acc" in r]
         axes[0, 1].plot([r["step"] for r in acc], [r["eval_acc"] for r in acc], "o-", color="C2")
-        axes[0, 1].set(xlabel="step", ylabel="exact-match accuracy (greedy)", title="held-out accuracy", ylim=(0, 1))
+        axes[0, 1].set(
+            xlabel="step", ylabel="exact-match accuracy (greedy)", title="held-out accuracy", ylim=(0, 1)
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -42,8 +42,8 @@ from mismatch import prefix_shift_kl, rescored_token_kl
 from models import DEVICES, PAIRS, format_prompt, load_pair, resolve_device
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
-from runfiles import (RunLock, append_metrics, atomic_save, atomic_write_text, clean_leftovers, load_checkpoint,
-                      plot_curves, read_metrics, summary)
+from runfiles import RunLock, append_metrics, atomic_save, atomic_write_text, clean_leftovers
+from runfiles import load_checkpoint, plot_curves, read_metrics, summary
 
 
 @dataclass

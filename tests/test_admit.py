@@ -84,8 +84,14 @@ def test_uncertain_estimates_extra_probes():
 
 
 def cli(*args, cwd):
-    return subprocess.run([sys.executable, str(ROOT / "admit.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "admit.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -102,8 +102,12 @@ def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
     from rollout import RolloutEngine, positions
     from loss import tis_weights
 
-    assert_close(tis_weights(torch.tensor([0.0, -1.0, -3.0]), torch.tensor([-1.0, -1.0, -1.0]), cap=2.0),
-                 torch.tensor([2.0, 1.0, torch.e**-2]), atol=1e-6, what="min(p_train/p_engine, C)")  # fmt: skip
+    assert_close(
+        tis_weights(torch.tensor([0.0, -1.0, -3.0]), torch.tensor([-1.0, -1.0, -1.0]), cap=2.0),
+        torch.tensor([2.0, 1.0, torch.e**-2]),
+        atol=1e-6,
+        what="min(p_train/p_engine, C)",
+    )
     assert torch.equal(tis_weights(torch.zeros(3), torch.ones(3), cap=0), torch.ones(3))
 
     engine = RolloutEngine(tiny_pair.student, tiny_pair.tokenizer, RolloutConfig(max_new_tokens=6, noise=0.2))

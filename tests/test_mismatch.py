@@ -22,8 +22,20 @@ def measure_cfg(pair, cfg):
 def test_identical_engine_gives_identity_values(tiny_pair):
     r = measure_cfg(tiny_pair, RolloutConfig(max_new_tokens=6))
     assert abs(r["mismatch_kl"]) < 1e-7 and abs(r["ci_low"]) < 1e-7 and abs(r["ci_high"]) < 1e-7
-    for key, identity in [("k1", 0), ("k3", 0), ("dp_mean", 0), ("dp_max", 0), ("chi2", 0), ("ratio_mean", 1), ("ratio_min", 1),
-                          ("ratio_max", 1), ("ess", 1), ("logppl_diff", 0), ("seq_kl", 0), ("seq_ess", 1)]:  # fmt: skip
+    for key, identity in [
+        ("k1", 0),
+        ("k3", 0),
+        ("dp_mean", 0),
+        ("dp_max", 0),
+        ("chi2", 0),
+        ("ratio_mean", 1),
+        ("ratio_min", 1),
+        ("ratio_max", 1),
+        ("ess", 1),
+        ("logppl_diff", 0),
+        ("seq_kl", 0),
+        ("seq_ess", 1),
+    ]:
         assert abs(r[key] - identity) < 1e-5, (key, r[key])
 
 
@@ -109,8 +121,14 @@ def run_cli(script, *args, cwd=None):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, str(root / script), *args], cwd=cwd or root, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(root / script), *args],
+        cwd=cwd or root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 def test_mismatch_cli_json_has_each_source_and_combined():
@@ -203,8 +221,13 @@ def test_rescored_token_kl_equals_direct_full_forward(tiny_pair):
 def test_prefix_shift_kl_is_the_running_sum_of_earlier_token_kls(tiny_pair):
     from mismatch import prefix_shift_kl
 
-    rollout = generate(tiny_pair.student, tiny_pair.tokenizer, [format_prompt(tiny_pair.tokenizer, "12+34=")] * 2 + [format_prompt(tiny_pair.tokenizer, "5+600=")],
-                       RolloutConfig(max_new_tokens=5), generator=torch.Generator().manual_seed(0))  # fmt: skip
+    rollout = generate(
+        tiny_pair.student,
+        tiny_pair.tokenizer,
+        [format_prompt(tiny_pair.tokenizer, "12+34=")] * 2 + [format_prompt(tiny_pair.tokenizer, "5+600=")],
+        RolloutConfig(max_new_tokens=5),
+        generator=torch.Generator().manual_seed(0),
+    )
     mask_B_T = rollout.response_mask[:, 1:].bool()
     kl_N = torch.rand(int(mask_B_T.sum()))
     expected, i = [], 0

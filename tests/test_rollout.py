@@ -19,8 +19,13 @@ def tiny_prompts(tokenizer, n=6, seed=3):
 
 def hf_greedy(model, tokenizer, prompts, max_new_tokens):
     enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
-    out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    out = model.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return out[:, enc.input_ids.shape[1] :]
 
 
@@ -164,3 +169,18 @@ def test_bad_config_is_refused():
         RolloutConfig(top_p=0)
     with pytest.raises(BadInput, match="weights"):
         RolloutConfig(weights="int3")
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.95, 0.999999])
+def test_nucleus_equals_the_full_sort_filter(top_p):
+    """The fast nucleus (topk of 1024, widened to a full sort when that holds too little mass) keeps exactly
+    the tokens top_p_filter keeps, with the same renormalised log-probs."""
+    from rollout import nucleus
+
+    logp_B_V = torch.log_softmax(torch.randn(4, 5000) * torch.tensor([[0.1], [1.0], [3.0], [8.0]]), -1)
+    ids_B_K, logq_B_K = nucleus(logp_B_V, top_p)
+    scattered = torch.full_like(logp_B_V, float("-inf")).scatter(-1, ids_B_K, logq_B_K)
+    expected = top_p_filter(logp_B_V, top_p)
+    assert torch.equal(torch.isfinite(scattered), torch.isfinite(expected))
+    finite = torch.isfinite(expected)
+    assert_close(scattered[finite], expected[finite], atol=1e-5, what=f"nucleus vs sort, top_p {top_p}")

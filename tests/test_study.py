@@ -9,8 +9,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_time_to_quality_counts_training_seconds_up_to_the_first_eval_at_target():
-    records = [{"step": 0, "seconds": 0.0, "eval_rkl": 3.0}, {"step": 1, "seconds": 10.0}, {"step": 2, "seconds": 12.0, "eval_rkl": 2.0},
-               {"step": 3, "seconds": 9.0}, {"step": 4, "seconds": 11.0, "eval_rkl": 1.0}]  # fmt: skip
+    records = [
+        {"step": 0, "seconds": 0.0, "eval_rkl": 3.0},
+        {"step": 1, "seconds": 10.0},
+        {"step": 2, "seconds": 12.0, "eval_rkl": 2.0},
+        {"step": 3, "seconds": 9.0},
+        {"step": 4, "seconds": 11.0, "eval_rkl": 1.0},
+    ]
     assert study.time_to_quality(records, target=2.0) == (2, 22.0)
     assert study.time_to_quality(records, target=1.5) == (4, 42.0)
     assert study.time_to_quality(records, target=0.5) == (None, None)
@@ -41,9 +46,38 @@ def test_report_names_the_command_of_every_missing_result(tmp_path, monkeypatch)
 
 
 def test_validation_table_counts_agreement_on_decided_verdicts_only():
-    rows = [{"candidate": "a", "check_mismatch": 0.1, "ci": [0.05, 0.2], "verdict": "admit", "train_mismatch": 0.1, "quality_loss": 0.0, "outcome": "within", "agree": True},
-            {"candidate": "b", "check_mismatch": 5.0, "ci": [4.0, 6.0], "verdict": "reject", "train_mismatch": 5.0, "quality_loss": 0.3, "outcome": "beyond", "agree": True},
-            {"candidate": "c", "check_mismatch": 2.0, "ci": [1.0, 3.0], "verdict": "uncertain", "train_mismatch": 2.0, "quality_loss": 0.0, "outcome": "within", "agree": None}]  # fmt: skip
+    rows = [
+        {
+            "candidate": "a",
+            "check_mismatch": 0.1,
+            "ci": [0.05, 0.2],
+            "verdict": "admit",
+            "train_mismatch": 0.1,
+            "quality_loss": 0.0,
+            "outcome": "within",
+            "agree": True,
+        },
+        {
+            "candidate": "b",
+            "check_mismatch": 5.0,
+            "ci": [4.0, 6.0],
+            "verdict": "reject",
+            "train_mismatch": 5.0,
+            "quality_loss": 0.3,
+            "outcome": "beyond",
+            "agree": True,
+        },
+        {
+            "candidate": "c",
+            "check_mismatch": 2.0,
+            "ci": [1.0, 3.0],
+            "verdict": "uncertain",
+            "train_mismatch": 2.0,
+            "quality_loss": 0.0,
+            "outcome": "within",
+            "agree": None,
+        },
+    ]
     result = {
         "rows": rows,
         "agreement": 1.0,

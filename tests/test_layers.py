@@ -1,0 +1,91 @@
+"""The module graph points down, and the code stays readable: an AST scan of every project module."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each module may import (anywhere in it) only modules of a lower layer. See ../shared/DESIGN.md.
+LAYERS = {
+    "cli": 0,  # errors, exit codes, argparse converters
+    "models": 1,
+    "dumps": 1,
+    "runfiles": 1,  # pairs and prompts; the log-dump format; the run folder
+    "quant": 2,  # FP8 primitives, the FP8 KV cache, torchao weights
+    "rollout": 3,  # the sampler and the engine
+    "mismatch": 4,  # measurement: formulas, and measuring a configuration (never trains)
+    "loss": 5,
+    "rl": 5,
+    "batches": 5,  # the OPD loss; the RL baseline; where a step's batch comes from
+    "evaluate": 6,
+    "train": 7,  # the OPD loop (the only module besides build_tiny.py that changes weights)
+    "admit": 8,
+    "experiments": 8,  # budgets and admission; experiments that run real steps
+    "study": 9,
+    "build_tiny": 10,
+    "bench_sampler": 10,
+    "bench_step": 10,
+    "opd_minimal": 10,  # tools
+}
+TRAINING = {"loss", "rl", "batches", "evaluate", "train", "admit", "experiments", "study", "build_tiny"}
+
+
+def modules():
+    return sorted(p for p in ROOT.glob("*.py"))
+
+
+def project_imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
+    """(imported project module, line, inside a function?) for every import in the tree."""
+    out, in_function = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_function |= {id(n) for n in ast.walk(node) if n is not node}
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module.split(".")[0]]
+        out += [(n, node.lineno, id(node) in in_function) for n in names if n in LAYERS]
+    return out
+
+
+def test_every_module_has_a_layer():
+    assert {p.stem for p in modules()} <= LAYERS.keys(), {p.stem for p in modules()} - LAYERS.keys()
+
+
+def test_imports_only_point_down_and_never_hide_in_functions():
+    problems = []
+    for path in modules():
+        for name, line, nested in project_imports(ast.parse(path.read_text())):
+            if LAYERS[name] >= LAYERS[path.stem]:
+                problems.append(
+                    f"{path.name}:{line} imports {name} (layer {LAYERS[name]} >= {LAYERS[path.stem]})"
+                )
+            if nested:
+                problems.append(f"{path.name}:{line} imports {name} inside a function")
+            if path.stem in ("models", "quant", "rollout", "mismatch", "dumps") and name in TRAINING:
+                problems.append(
+                    f"{path.name}:{line}: measurement and precision modules import nothing that trains"
+                )
+    assert not problems, "\n".join(problems)
+
+
+def test_lines_functions_and_train_py_stay_readable():
+    problems = []
+    for path in modules():
+        text = path.read_text()
+        for i, line in enumerate(text.splitlines(), start=1):
+            if len(line) > 110:
+                problems.append(f"{path.name}:{i}: {len(line)} characters")
+            if "fmt: skip" in line or "noqa: E731" in line:
+                problems.append(f"{path.name}:{i}: formatting switched off or a lambda assigned")
+        for node in ast.walk(ast.parse(text)):
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.end_lineno - node.lineno + 1 > 60
+            ):
+                problems.append(
+                    f"{path.name}:{node.lineno}: {node.name} is {node.end_lineno - node.lineno + 1} lines"
+                )
+    assert len((ROOT / "train.py").read_text().splitlines()) <= 450, "train.py grew past 450 lines"
+    assert not problems, "\n".join(problems)
