@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from cli import BadInput, NonFinite, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
@@ -291,12 +292,8 @@ def calibration_points(
 
 
 def plot_budget(budget: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8.5, 4))
+    fig = Figure(figsize=(8.5, 4))  # no pyplot: no global backend change
+    ax = fig.subplots()
     floor = (
         min((p["mismatch"] for p in budget["points"] if p["mismatch"] > 0), default=1e-6) / 3
     )  # where zero (the baseline) is drawn
@@ -340,7 +337,6 @@ def plot_budget(budget: dict, path: Path) -> None:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the points fill the axes
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------

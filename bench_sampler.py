@@ -1,23 +1,31 @@
-"""Benchmark: our rollout sampler vs Hugging Face `generate`, side by side in one run.
+"""Benchmark: our rollout sampler against its peer, side by side in one run (interleaved, warm-up excluded,
+medians, and the ratio).
 
-Same model (the smollm2 student), same prompts, batch, length (EOS ignored, so every row makes exactly
-`--new-tokens` tokens) and sampling settings (temperature, top-p, no top-k). Warm-up runs are excluded;
-the two samplers alternate, and each reports the median over `--repeats` runs. This is a benchmark, not
-a test: the ratio depends on the machine and on what else runs on it.
+default         ours vs Hugging Face `generate`: same model (a pair's student, fp32), prompts, batch, length
+                (EOS ignored, so every row makes exactly --new-tokens tokens) and sampling (temperature,
+                top-p, no top-k). Also the decode step's milliseconds against the weight-read floor (the time
+                to read every weight once: decode at batch 4 is bound by it).
+--kv-cache fp8  ours with the FP8 KV cache (unit scales) vs ours with the model's default cache: what FP8 KV
+                costs in decode time on this machine (a GPU would gain: half the bytes to read).
 
-    python bench_sampler.py                       # CPU, batch 4, 64 new tokens
-    python bench_sampler.py --batch 8 --new-tokens 128
+This is a benchmark, not a test: the ratio depends on the machine and on what else runs on it.
+
+    python bench_sampler.py                                  # smollm2 student, batch 4, 64 new tokens
+    python bench_sampler.py --pair tiny --batch 64 --new-tokens 6
+    python bench_sampler.py --kv-cache fp8 --new-tokens 256
 """
 
-import argparse
 import statistics
 import time
 
 import torch
-from transformers import GenerationConfig
 
-from models import format_prompt, load_pair
+from cli import BadInput, Parser, fail, fraction, nonneg_float, positive_int
+from models import PAIRS, format_prompt, load_pair
+from quant import KVScales, fp8_kv_cache
 from rollout import RolloutConfig, encode_prompts, generate
+
+from transformers import GenerationConfig  # isort: skip
 
 
 def timed(fn) -> float:
@@ -26,27 +34,83 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=4, help="prompts per batch")
-    ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row")
-    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    ap.add_argument("--top-p", type=float, default=0.95, help="nucleus mass")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per sampler (after one warm-up each)")
-    ap.add_argument("--student-layers", type=int, default=24, help="smollm2 student depth")
-    args = ap.parse_args()
+def side_by_side(a, b, repeats: int) -> tuple[float, float]:
+    """Medians of a and b over `repeats` alternating runs, after one warm-up run of each."""
+    a(), b()
+    times_a, times_b = [], []
+    for _ in range(repeats):
+        times_a.append(timed(a))
+        times_b.append(timed(b))
+    return statistics.median(times_a), statistics.median(times_b)
 
+
+def weight_read_ms(model) -> float:
+    """Milliseconds to read every weight once (a sum over each parameter): the decode step's floor."""
+    params = list(model.parameters())
+    return 1000 * side_by_side(lambda: [p.sum() for p in params], lambda: None, 5)[0]
+
+
+def build_parser() -> Parser:
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--pair", default="smollm2", choices=PAIRS, help="whose student samples (default: %(default)s)"
+    )
+    p.add_argument("--batch", type=positive_int, default=4, help="prompts per batch (default: %(default)s)")
+    p.add_argument(
+        "--new-tokens", type=positive_int, default=64, help="tokens per row (default: %(default)s)"
+    )
+    p.add_argument("--temperature", type=nonneg_float, default=1.0, help="(default: %(default)s)")
+    p.add_argument("--top-p", type=fraction, default=0.95, help="nucleus mass (default: %(default)s)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed runs of each (default: %(default)s)"
+    )
+    p.add_argument(
+        "--kv-cache",
+        default="model",
+        choices=("model", "fp8"),
+        help="model: ours vs HF generate; fp8: our FP8 KV cache vs the default cache",
+    )
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     torch.manual_seed(0)
-    pair = load_pair("smollm2", student_layers=args.student_layers)
+    try:
+        pair = load_pair(args.pair)
+        if len(pair.eval_prompts) < args.batch:
+            raise BadInput(
+                f"--batch {args.batch}: the {args.pair} pair has {len(pair.eval_prompts)} held-out prompts"
+            )
+    except BadInput as e:
+        fail(e)
     model, tok = pair.student.eval(), pair.tokenizer
     prompts = [format_prompt(tok, p.text) for p in pair.eval_prompts[: args.batch]]
     cfg = RolloutConfig(
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens, ignore_eos=True
     )
+
+    def ours(cache_factory=lambda: None):
+        out = generate(
+            model, tok, prompts, cfg, generator=torch.Generator().manual_seed(0), cache=cache_factory()
+        )
+        assert int(out.response_mask.sum()) == args.batch * args.new_tokens
+
+    if args.kv_cache == "fp8":
+        fp8, default = side_by_side(
+            lambda: ours(lambda: fp8_kv_cache(KVScales.unit(model.config))), ours, args.repeats
+        )
+        print(
+            f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, {torch.get_num_threads()} threads"
+        )
+        print(
+            f"FP8 KV {fp8:.2f} s, default cache {default:.2f} s: FP8-KV decode time {fp8 / default:.2f}x the default's"
+        )
+        return
     ids, attn = encode_prompts(tok, prompts, "cpu")
     hf_cfg = GenerationConfig(
-        do_sample=True,
-        temperature=args.temperature,
+        do_sample=args.temperature > 0,
+        temperature=args.temperature or None,
         top_p=args.top_p,
         top_k=0,
         max_new_tokens=args.new_tokens,
@@ -55,31 +119,22 @@ def main() -> None:
         eos_token_id=None,
     )
 
-    def ours():
-        out = generate(model, tok, prompts, cfg, generator=torch.Generator().manual_seed(0))
-        assert int(out.response_mask.sum()) == args.batch * args.new_tokens
-
     def hf():
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=attn, generation_config=hf_cfg)
         assert out.shape[1] - ids.shape[1] == args.new_tokens
 
-    ours(), hf()  # warm-up
-    times = {"ours": [], "hf": []}
-    for _ in range(args.repeats):
-        times["ours"].append(timed(ours))
-        times["hf"].append(timed(hf))
+    t_ours, t_hf = side_by_side(ours, hf, args.repeats)
     tokens = args.batch * args.new_tokens
-    rate = {k: tokens / statistics.median(v) for k, v in times.items()}
     print(
-        f"device cpu ({torch.get_num_threads()} threads), smollm2 student ({args.student_layers} layers), "
-        f"batch {args.batch}, "
-        f"{args.new_tokens} new tokens, temperature {args.temperature}, top-p {args.top_p}"
+        f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, temperature {args.temperature}, "
+        f"top-p {args.top_p}, {torch.get_num_threads()} threads"
     )
-    print(f"{'sampler':<14}{'median s':>10}{'tokens/s':>10}")
-    print(f"{'ours':<14}{statistics.median(times['ours']):>10.2f}{rate['ours']:>10.1f}")
-    print(f"{'HF generate':<14}{statistics.median(times['hf']):>10.2f}{rate['hf']:>10.1f}")
-    print(f"ratio ours / HF generate: {rate['ours'] / rate['hf']:.2f}x")
+    print(f"{'sampler':<14}{'median s':>10}{'tokens/s':>10}{'ms/step':>10}")
+    for name, t in (("ours", t_ours), ("HF generate", t_hf)):
+        print(f"{name:<14}{t:>10.2f}{tokens / t:>10.1f}{1000 * t / args.new_tokens:>10.1f}")
+    print(f"weight-read floor: {weight_read_ms(model):.1f} ms per step (every weight read once)")
+    print(f"ratio ours / HF generate: {t_hf / t_ours:.2f}x")
 
 
 if __name__ == "__main__":

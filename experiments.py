@@ -15,6 +15,7 @@ sensitivity  one decoder block of the student in FP8 at a time, everything else 
 import json
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from cli import BadInput, NonFinite, Parser, fail, positive_float, positive_int
@@ -82,15 +83,12 @@ def sensitivity(
 
 
 def plot_sensitivity(result: dict, path, title: str) -> None:
-    import matplotlib  # plotting only when a figure is asked for
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     per_block = result["per_block"]
-    fig, ax = plt.subplots(figsize=(max(5, 0.3 * len(per_block)), 3.5))
+    fig = Figure(figsize=(max(5, 0.3 * len(per_block)), 3.5))  # no pyplot: no global backend change
+    ax = fig.subplots()
     colors = ["C3" if i in result["kept_high_precision"] else "C0" for i in range(len(per_block))]
     ax.bar(range(len(per_block)), per_block, color=colors)
+    ax.set_xticks(range(len(per_block)))
     ax.set(
         xlabel="decoder block quantized alone (red: kept high precision by the recipe)",
         ylabel="KL(engine ‖ train), nats/token",
@@ -98,7 +96,6 @@ def plot_sensitivity(result: dict, path, title: str) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def build_parser() -> Parser:

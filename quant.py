@@ -4,8 +4,9 @@ FP8 e4m3 (torch.float8_e4m3fn) has 4 exponent and 3 mantissa bits: finite values
 relative rounding error of at most 2^-4 = 6.25% (half a unit in the last place of a 3-bit mantissa) for
 normal numbers. To use that range, a tensor x is stored as q = cast(clamp(x / s, −448, 448)) with a scale
     s = amax(|x|) / 448      (per group: here per layer and per KV head),
-and read back as x̂ = q · s. Clamping before the cast matters: values beyond ±448 would otherwise become
-NaN in float8_e4m3fn (it has no infinity). Scales are stored beside the data, in fp32.
+and read back as x̂ = q · s. Clamping before the cast matters: float8_e4m3fn has no infinity, and what a cast
+does with values beyond ±448 depends on the kernel (NaN on some; torch 2.13 on CPU saturates to ±448), so we
+saturate explicitly. Scales are stored beside the data, in fp32.
 
 KV scales come from one of two places (`kv_scales`):
     calibrated  amax/448 per layer and head, measured on probe prompts (rollout.calibrate_kv_scales)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 
 from cli import BadInput
 
@@ -179,15 +180,12 @@ class RunLock:
 
 
 def plot_curves(records: list[dict], path: Path, title: str) -> None:
-    import matplotlib  # plotting is optional at import time: only a finished run draws
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     train = [r for r in records if r.get("rkl") is not None]
     evals = [r for r in records if r.get("eval_rkl") is not None]
     has_acc = any("eval_acc" in r for r in evals)
-    fig, axes = plt.subplots(1, 2 if has_acc else 1, figsize=(10 if has_acc else 5.5, 4), squeeze=False)
+    # A bare Figure (no pyplot): nothing global changes, so a notebook's inline plots keep working.
+    fig = Figure(figsize=(10 if has_acc else 5.5, 4))
+    axes = fig.subplots(1, 2 if has_acc else 1, squeeze=False)
     ax = axes[0, 0]
     ax.plot(
         [r["step"] for r in train],
@@ -206,4 +204,3 @@ def plot_curves(records: list[dict], path: Path, title: str) -> None:
         )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -33,6 +33,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from admit import check, read_budget, short_run
@@ -86,20 +87,15 @@ def write(name: str, result: dict) -> Path:
 
 
 def plt_axes(ncols: int, width: float = 5.0):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 4), squeeze=False)
-    return plt, fig, axes[0]
+    """A bare Figure with `ncols` axes (no pyplot: no global backend change). Returns (None, fig, axes)."""
+    fig = Figure(figsize=(width * ncols, 4))
+    return None, fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
-def save_figure(plt, fig, path: Path, title: str) -> None:
+def save_figure(_, fig, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ exactly from its last checkpoint (stale and async runs too): the steps after it 
 
 import copy
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -59,7 +60,8 @@ class TrainConfig:
     batch_size: int = 4  # training prompts per step
     samples_per_prompt: int = 2  # responses sampled per prompt
     lr: float = 5e-5  # AdamW peak learning rate
-    warmup: int = 0  # steps of linear learning-rate warm-up, then constant
+    warmup: int = 0  # steps of linear learning-rate warm-up, then `schedule`
+    schedule: str = "constant"  # after warm-up: constant | cosine (down to 10% of lr at the last step)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (sampled-token gradient) | grpo (RL)
@@ -99,9 +101,19 @@ def pair_config(pair: str, **overrides) -> TrainConfig:
 # One step
 
 
+SCHEDULES = ("constant", "cosine")
+
+
 def learning_rate(cfg: TrainConfig, step: int) -> float:
-    """Linear warm-up over `warmup` steps, then constant: a function of the step alone, for resume."""
-    return cfg.lr * min(1.0, step / cfg.warmup) if cfg.warmup else cfg.lr
+    """Linear warm-up over `warmup` steps, then constant, or cosine from lr down to 0.1·lr at step `steps`:
+        lr_s = lr · (0.1 + 0.9 · (1 + cos(π · (s − warmup) / (steps − warmup))) / 2).
+    A function of (step, steps) alone, so a resumed run needs no scheduler state."""
+    if cfg.warmup and step < cfg.warmup:
+        return cfg.lr * step / cfg.warmup
+    if cfg.schedule == "constant" or cfg.steps <= cfg.warmup:
+        return cfg.lr
+    progress = (step - cfg.warmup) / (cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * (1 + math.cos(math.pi * progress)) / 2)
 
 
 def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, device) -> dict:
@@ -295,7 +307,7 @@ def run_or_resume(cfg: TrainConfig) -> list[dict]:
 def per_pair(key: str) -> str:
     """'default: 200 tiny, 12 smollm2, ...' for a help string, read from PAIR_DEFAULTS (the one source)."""
     values = {p: PAIR_DEFAULTS[p].get(key, getattr(TrainConfig, key, None)) for p in PAIR_DEFAULTS}
-    return "default: " + ", ".join(f"{v:g} {p}" for p, v in values.items())
+    return "default: " + ", ".join(f"{v:g} {p}" if isinstance(v, float) else f"{v} {p}" for p, v in values.items())
 
 
 # (flag, type, help) of the training flags whose defaults differ per pair; their help reads PAIR_DEFAULTS.
@@ -340,6 +352,7 @@ def build_parser() -> Parser:
     for flag, kind, text in COMMON_FLAGS:
         default = getattr(d, flag[2:].replace("-", "_"))
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
+    p.add_argument("--schedule", choices=SCHEDULES, help=f"learning rate after warm-up ({per_pair('schedule')})")
     p.add_argument(
         "--loss",
         default=d.loss,
