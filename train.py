@@ -307,7 +307,8 @@ def run_or_resume(cfg: TrainConfig) -> list[dict]:
 def per_pair(key: str) -> str:
     """'default: 200 tiny, 12 smollm2, ...' for a help string, read from PAIR_DEFAULTS (the one source)."""
     values = {p: PAIR_DEFAULTS[p].get(key, getattr(TrainConfig, key, None)) for p in PAIR_DEFAULTS}
-    return "default: " + ", ".join(f"{v:g} {p}" if isinstance(v, float) else f"{v} {p}" for p, v in values.items())
+    shown = [f"{v:g} {p}" if isinstance(v, float) else f"{v} {p}" for p, v in values.items()]
+    return "default: " + ", ".join(shown)
 
 
 # (flag, type, help) of the training flags whose defaults differ per pair; their help reads PAIR_DEFAULTS.
@@ -352,7 +353,7 @@ def build_parser() -> Parser:
     for flag, kind, text in COMMON_FLAGS:
         default = getattr(d, flag[2:].replace("-", "_"))
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
-    p.add_argument("--schedule", choices=SCHEDULES, help=f"learning rate after warm-up ({per_pair('schedule')})")
+    p.add_argument("--schedule", choices=SCHEDULES, help=f"lr after warm-up ({per_pair('schedule')})")
     p.add_argument(
         "--loss",
         default=d.loss,
