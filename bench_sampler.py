@@ -77,8 +77,8 @@ def hf_generate(model, tok, prompts: list[str], args):
     """HF generate with our sampler's settings: the same rows, length and sampling."""
     ids, attn = encode_prompts(tok, prompts, "cpu")
     hf_cfg = GenerationConfig(do_sample=args.temperature > 0, temperature=args.temperature or None,
-                              top_p=args.top_p, top_k=0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                              pad_token_id=tok.pad_token_id, eos_token_id=None)
+                              top_p=args.top_p, top_k=0, max_new_tokens=args.new_tokens,
+                              min_new_tokens=args.new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=None)
 
     def hf():
         with torch.no_grad():
