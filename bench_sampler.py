@@ -76,9 +76,16 @@ def build_parser() -> Parser:
 def hf_generate(model, tok, prompts: list[str], args):
     """HF generate with our sampler's settings: the same rows, length and sampling."""
     ids, attn = encode_prompts(tok, prompts, "cpu")
-    hf_cfg = GenerationConfig(do_sample=args.temperature > 0, temperature=args.temperature or None,
-                              top_p=args.top_p, top_k=0, max_new_tokens=args.new_tokens,
-                              min_new_tokens=args.new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=None)
+    hf_cfg = GenerationConfig(
+        do_sample=args.temperature > 0,
+        temperature=args.temperature or None,
+        top_p=args.top_p,
+        top_k=0,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=None,
+    )
 
     def hf():
         with torch.no_grad():
@@ -90,8 +97,10 @@ def hf_generate(model, tok, prompts: list[str], args):
 
 def report(args, model, t_ours: float, t_hf: float) -> None:
     tokens = args.batch * args.new_tokens
-    print(f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, temperature "
-          f"{args.temperature}, top-p {args.top_p}, {torch.get_num_threads()} threads")
+    print(
+        f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, temperature "
+        f"{args.temperature}, top-p {args.top_p}, {torch.get_num_threads()} threads"
+    )
     print(f"{'sampler':<14}{'median s':>10}{'tokens/s':>10}{'ms/step':>10}")
     for name, t in (("ours", t_ours), ("HF generate", t_hf)):
         print(f"{name:<14}{t:>10.2f}{tokens / t:>10.1f}{1000 * t / args.new_tokens:>10.1f}")
@@ -111,8 +120,9 @@ def main(argv=None) -> None:
         fail(e)
     model, tok = pair.student.eval(), pair.tokenizer
     prompts = [format_prompt(tok, p.text) for p in pair.eval_prompts[: args.batch]]
-    cfg = RolloutConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens,
-                        ignore_eos=True)
+    cfg = RolloutConfig(
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens, ignore_eos=True
+    )
 
     def ours(cache_factory=lambda: None):
         gen = torch.Generator().manual_seed(0)
@@ -120,12 +130,17 @@ def main(argv=None) -> None:
         assert int(out.response_mask.sum()) == args.batch * args.new_tokens
 
     if args.kv_cache == "fp8":
-        fp8, default = side_by_side(lambda: ours(lambda: fp8_kv_cache(KVScales.unit(model.config))), ours,
-                                    args.repeats)
-        print(f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, "
-              f"{torch.get_num_threads()} threads")
-        print(f"FP8 KV {fp8:.2f} s, default cache {default:.2f} s: FP8-KV decode time {fp8 / default:.2f}x "
-              "the default's")
+        fp8, default = side_by_side(
+            lambda: ours(lambda: fp8_kv_cache(KVScales.unit(model.config))), ours, args.repeats
+        )
+        print(
+            f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, "
+            f"{torch.get_num_threads()} threads"
+        )
+        print(
+            f"FP8 KV {fp8:.2f} s, default cache {default:.2f} s: FP8-KV decode time {fp8 / default:.2f}x "
+            "the default's"
+        )
         return
     report(args, model, *side_by_side(ours, hf_generate(model, tok, prompts, args), args.repeats))
 
