@@ -31,7 +31,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -158,26 +158,51 @@ def run_point(records: list[dict]) -> dict:
     }
 
 
+# The study's short runs (calibrate, check's stale trajectories, study.py) keep the training settings the
+# committed budgets and results were measured with, whatever a pair's demo defaults become; budget.json
+# records them. A pair without an entry uses its defaults.
+STUDY_TRAIN = {"tiny": dict(batch_size=64, samples_per_prompt=4, lr=3e-4, warmup=10, schedule="constant")}
+
+
+TRAIN_KEYS = (
+    "batch_size",
+    "samples_per_prompt",
+    "lr",
+    "warmup",
+    "schedule",
+    "weight_decay",
+    "grad_clip",
+    "loss",
+)
+
+
+def study_config(pair: str, **overrides):
+    """train.pair_config with the study's settings (STUDY_TRAIN) in place of the pair's demo defaults."""
+    return pair_config(pair, **{**STUDY_TRAIN.get(pair, {}), **overrides})
+
+
 def short_run(
     out: Path, pair: str, name: str, seed: int, device: str, rollout_over: dict, **train_over
 ) -> dict:
     """One short OPD run of an experiment, run or reused in out/name: the pair's defaults, then train_over
     and rollout_over, with `seed` for prompts, sampling and noise. Returns its run_point."""
-    cfg = pair_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **train_over)
+    cfg = study_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **train_over)
     cfg.rollout = replace(cfg.rollout, seed=seed, **rollout_over)
     return run_point(run_or_resume(cfg))
 
 
 def stale_versions(pair, k: int, device) -> tuple[list[dict], dict]:
-    """The weights of versions 0..k for a stale candidate: k real OPD steps (the pair's defaults, seed 0) on a
-    copy of the untrained student (train.trajectory). Cached in $OPD_CACHE/trajectories, so only the first
+    """The weights of versions 0..k for a stale candidate: k real OPD steps (the study's settings, seed 0) on
+    a copy of the untrained student (train.trajectory). Cached in $OPD_CACHE/trajectories, so only the first
     check of a pair and k pays for the steps. Returns (versions, {"cached": bool, "seconds": ...})."""
-    path = cache_dir() / "trajectories" / f"{pair.name}-{k}.pt"
+    over = STUDY_TRAIN.get(pair.name, {})
+    tag = "-".join(f"{key}{value}" for key, value in sorted(over.items()))
+    path = cache_dir() / "trajectories" / f"{pair.name}-{k}-{tag or 'defaults'}.pt"
     t0 = time.time()
     if path.is_file():
         versions = torch.load(path, map_location=device, weights_only=True)
         return versions, {"cached": True, "seconds": time.time() - t0}
-    versions = trajectory(pair, k, device)
+    versions = trajectory(pair, k, device, **over)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(versions, path.with_name(path.name + f".tmp{os.getpid()}"))
     os.replace(path.with_name(path.name + f".tmp{os.getpid()}"), path)
@@ -190,7 +215,7 @@ def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device) -> dict:
     OPD steps on, the engine serving the old weights). Returns mismatch.measure_config's dict."""
     probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
     versions = stale_versions(pair, cfg.staleness, device)[0] if cfg.staleness else None
-    return measure_config(pair, cfg, probes, versions)
+    return measure_config(pair, cfg, probes, versions=versions)
 
 
 def calibrate(
@@ -205,7 +230,9 @@ def calibrate(
     n_probes: int = 64,
     command: str = "",
 ) -> dict:
-    points = calibration_points(pair, out, noise_grid, real, steps, seeds, device, n_probes)
+    points = calibration_points(
+        pair, out, noise_grid, real=real, steps=steps, seeds=seeds, device=device, n_probes=n_probes
+    )
     base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
     base_final = sum(base.values()) / len(base)
     improvement = points[0]["eval_rkl_start"] - base_final
@@ -235,6 +262,7 @@ def calibrate(
         "budget where the fit crosses the tolerance",
         "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
         "steps": steps,
+        "train_settings": {k: v for k, v in asdict(study_config(pair)).items() if k in TRAIN_KEYS},
         "seeds": seeds,
         "probes": n_probes,
         "seconds_per_run": sum(p["seconds"] for p in points) / len(points),
@@ -268,14 +296,14 @@ def calibration_points(
             out / "runs",
             pair,
             f"{label.replace(' ', '_')}-seed{seed}",
-            seed,
-            device,
-            over,
+            seed=seed,
+            device=device,
+            rollout_over=over,
             steps=steps,
             eval_every=0,
         )
         probe = probe_mismatch(
-            loaded, replace(pair_config(pair).rollout, seed=seed, **over), n_probes, device
+            loaded, replace(study_config(pair).rollout, seed=seed, **over), n_probes, device=device
         )
         points.append(
             {
@@ -391,7 +419,9 @@ def what_it_buys(student, cfg: RolloutConfig) -> dict:
 
 def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
     """verdict() on a measurement, where a lower-bound budget ("all-within") can never reject."""
-    decision = verdict(m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], n, available)
+    decision = verdict(
+        m["ci_low"], m["ci_high"], m["mismatch_kl"], budget=budget["budget"], n_probes=n, available=available
+    )
     if decision["verdict"] == "reject" and budget["how"] == "all-within":
         # No calibration point lost quality, so the budget is only a lower bound: beyond it we do not know.
         decision = {
@@ -413,7 +443,7 @@ def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, version
         take = min(FIRST_PROBES * 2 ** max(batch - 1, 0), cap - n)
         probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[n : n + take]]
         row = replace(cfg, seed=cfg.seed + batch) if cfg.noise > 0 else cfg
-        s = measure_config(pair, row, probes, versions, keep=True)["scored"]
+        s = measure_config(pair, row, probes, versions=versions, keep=True)["scored"]
         kl.append(s.kl_R)
         seq.append(s.seq_id_R + n)
         group += [batch] * take
@@ -422,7 +452,7 @@ def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, version
         groups = torch.tensor(group) if cfg.noise > 0 else None
         lo, hi = bootstrap_ci(kl_R, seq_R, seed=cfg.seed, group_of_seq=groups)
         m = {"mismatch_kl": kl_R.mean().item(), "ci_low": lo, "ci_high": hi}
-        if judge(budget, m, n, cap)["verdict"] != "uncertain":
+        if judge(budget, m, n, available=cap)["verdict"] != "uncertain":
             break
     return m, n, batch
 
@@ -432,10 +462,10 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict
     t0 = time.time()
     cap = min(cap, len(pair.eval_prompts))
     versions, stale = stale_versions(pair, cfg.staleness, device) if cfg.staleness else (None, None)
-    m, n, draws = sequential_measure(pair, cfg, cap, budget, versions)
+    m, n, draws = sequential_measure(pair, cfg, cap, budget=budget, versions=versions)
     seconds = time.time() - t0
     out = {
-        **judge(budget, m, n, cap),
+        **judge(budget, m, n, available=cap),
         **m,
         "budget": budget["budget"],
         "probes": n,
@@ -460,7 +490,7 @@ def check_dump(budget: dict, path: Path) -> dict:
     d = read_dump(path)
     m = dump_estimate(d)
     return {
-        **judge(budget, m, d.sequences, None),
+        **judge(budget, m, d.sequences, available=None),
         **m,
         "budget": budget["budget"],
         "seconds": time.time() - t0,
@@ -579,13 +609,13 @@ def main(argv=None) -> None:
                 args.pair,
                 out,
                 grid,
-                real,
-                args.steps,
-                args.seeds,
-                args.tolerance,
-                device,
-                args.probes,
-                command,
+                real=real,
+                steps=args.steps,
+                seeds=args.seeds,
+                tolerance=args.tolerance,
+                device=device,
+                n_probes=args.probes,
+                command=command,
             )
             print(
                 f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
@@ -599,7 +629,7 @@ def main(argv=None) -> None:
         else:
             n_new = args.max_new_tokens or MAX_NEW_TOKENS.get(args.pair, RolloutConfig.max_new_tokens)
             cfg = rollout_config_from_args(args, max_new_tokens=n_new)
-            result = check(budget, load_pair(args.pair, device=device), cfg, args.probes, device)
+            result = check(budget, load_pair(args.pair, device=device), cfg, cap=args.probes, device=device)
             result["wall_seconds"] = process_seconds()
     except (BadInput, NonFinite) as e:
         fail(e)

@@ -48,14 +48,14 @@ class Batches:
 
     def _sample(self, version: int, weights: dict, step: int):
         self.engine.receive(version, weights)
-        return train_rollout(self.pair, self.engine, self.cfg, step, self.device)
+        return train_rollout(self.pair, self.engine, self.cfg, step=step, device=self.device)
 
     def get(self, student, step: int):
         """Step s's (rollout, prompts). Async: the batch prepared during step s − 1 (or, on the first step
         of a run, one sampled now from the current weights)."""
         if self.pool is None:
             self.engine.sync(student, version=step - 1)
-            return train_rollout(self.pair, self.engine, self.cfg, step, self.device)
+            return train_rollout(self.pair, self.engine, self.cfg, step=step, device=self.device)
         if self.pending is None:
             self.pending = self.pool.submit(self._sample, step - 1, snapshot(student), step)
         batch, self.pending = self.pending.result(), None

@@ -126,7 +126,7 @@ def main(argv=None) -> None:
 
     def ours(cache_factory=lambda: None):
         gen = torch.Generator().manual_seed(0)
-        out = generate(model, tok, prompts, cfg, generator=gen, cache=cache_factory())
+        out = generate(model, tok, prompts, cfg=cfg, generator=gen, cache=cache_factory())
         assert int(out.response_mask.sum()) == args.batch * args.new_tokens
 
     if args.kv_cache == "fp8":
@@ -142,7 +142,7 @@ def main(argv=None) -> None:
             "the default's"
         )
         return
-    report(args, model, *side_by_side(ours, hf_generate(model, tok, prompts, args), args.repeats))
+    report(args, model, *side_by_side(ours, hf_generate(model, tok, prompts, args=args), args.repeats))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,9 @@ def main(argv=None) -> None:
 
         def on_step_end(self, *_, **__):  # after TRL's step: time it, then run one of ours
             times["trl"].append(time.perf_counter() - self.t0)
-            rec = train_step(ours_pair, batches, cfg, optimizer, len(times["ours"]) + 1, "cpu")
+            rec = train_step(
+                ours_pair, batches, cfg, optimizer=optimizer, step=len(times["ours"]) + 1, device="cpu"
+            )
             times["ours"].append(rec["seconds"])
             print(
                 f"step {len(times['ours'])}: TRL {times['trl'][-1]:.1f} s, ours {rec['seconds']:.1f} s "
@@ -106,7 +108,13 @@ def main(argv=None) -> None:
                 flush=True,
             )
 
-    trl_trainer(pair, args.steps + args.warmup, cfg.lr, cfg.rollout.max_new_tokens, Alternate()).train()
+    trl_trainer(
+        pair,
+        args.steps + args.warmup,
+        cfg.lr,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        callback=Alternate(),
+    ).train()
     trl_s, ours_s = (statistics.median(times[k][args.warmup :]) for k in ("trl", "ours"))
     print(
         f"smollm2, 8 sequences × {cfg.rollout.max_new_tokens} new tokens, lr {cfg.lr:g}, "

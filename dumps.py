@@ -83,8 +83,8 @@ def _line(obj, where: str) -> dict:
         ids = obj.get("token_ids")
         if not isinstance(ids, list) or len(ids) != len(engine):
             raise BadInput(f"{where}: the top-k fields need token_ids, one per token")
-        top_e = _top(obj, "engine_top_logprobs", len(engine), where)
-        top_t = _top(obj, "train_top_logprobs", len(engine), where)
+        top_e = _top(obj, "engine_top_logprobs", len(engine), where=where)
+        top_t = _top(obj, "train_top_logprobs", len(engine), where=where)
         if any(e.keys() != t.keys() for e, t in zip(top_e, top_t)):
             raise BadInput(
                 f"{where}: engine_top_logprobs and train_top_logprobs must cover the same token ids"

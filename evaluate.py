@@ -16,7 +16,9 @@ from rollout import RolloutConfig, generate
 def exact_match_accuracy(model, tokenizer, problems: list[Prompt], max_new_tokens: int = 6) -> float:
     """Exact-match accuracy of greedy answers (real decoding through our sampler, no teacher forcing)."""
     texts = [format_prompt(tokenizer, p.text) for p in problems]
-    rollout = generate(model, tokenizer, texts, RolloutConfig(temperature=0.0, max_new_tokens=max_new_tokens))
+    rollout = generate(
+        model, tokenizer, texts, cfg=RolloutConfig(temperature=0.0, max_new_tokens=max_new_tokens)
+    )
     rewards = exact_match_rewards(rollout.responses(tokenizer), [p.answer for p in problems])
     return rewards.sum().item() / len(problems)
 
@@ -30,12 +32,12 @@ def evaluate(pair, cfg, device) -> dict:
     prompts = pair.eval_prompts[: cfg.eval_prompts]
     texts = [format_prompt(pair.tokenizer, p.text) for p in prompts]
     gen = step_generator(cfg.seed + 7919, 0, device)
-    rollout = generate(pair.student, pair.tokenizer, texts, cfg.rollout, generator=gen)
+    rollout = generate(pair.student, pair.tokenizer, texts, cfg=cfg.rollout, generator=gen)
     _, stats = opd_loss(pair.student, pair.teacher, rollout, chunk=cfg.kl_chunk)
     result = {"eval_rkl": stats["rkl"]}
     if all(p.answer is not None for p in prompts):
         answers = [p.answer for p in prompts]
         result["eval_reward"] = exact_match_rewards(rollout.responses(pair.tokenizer), answers).mean().item()
         n_new = cfg.rollout.max_new_tokens
-        result["eval_acc"] = exact_match_accuracy(pair.student, pair.tokenizer, prompts, n_new)
+        result["eval_acc"] = exact_match_accuracy(pair.student, pair.tokenizer, prompts, max_new_tokens=n_new)
     return result

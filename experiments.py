@@ -137,7 +137,9 @@ def run_sensitivity(args, device: str) -> None:
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out}: is a file, not a folder")
     pair = load_pair(args.pair, device=device)
-    result = sensitivity(pair, args.weights, args.probes, args.target, args.max_new_tokens)
+    result = sensitivity(
+        pair, args.weights, args.probes, target=args.target, max_new_tokens=args.max_new_tokens
+    )
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"sensitivity_{args.pair}_{args.weights}"
     plot_sensitivity(
@@ -165,7 +167,7 @@ def run_sources(args, device: str) -> None:
         for p in pair.eval_prompts[: args.probes or PROBES.get(args.pair, DEFAULT_PROBES)]
     ]
     versions = trajectory(pair, cfg.staleness, device) if cfg.staleness else None
-    results = measure_sources(pair, cfg, probes, versions, progress=not args.json)
+    results = measure_sources(pair, cfg, probes, versions=versions, progress=not args.json)
     if args.json:
         print(
             json.dumps(

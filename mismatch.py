@@ -297,7 +297,7 @@ def measure(
     engine: RolloutEngine, train, tokenizer, prompts: list[str], seed: int = 0, chunk: int = 256
 ) -> dict:
     """Every metric of this module for one engine against one trainer policy, on the engine's samples."""
-    return summarize(score(engine, train, prompts, seed, chunk), seed)
+    return summarize(score(engine, train, prompts, seed=seed, chunk=chunk), seed)
 
 
 def configured_engine(student, tokenizer, cfg: RolloutConfig, calib: list[str], versions=None):
@@ -322,7 +322,7 @@ def measure_config(pair, cfg: RolloutConfig, probes: list[str], versions=None, k
     calib = [
         format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]
     ]  # fp8 KV: never eval prompts
-    engine, train = configured_engine(pair.student, pair.tokenizer, cfg, calib, versions)
+    engine, train = configured_engine(pair.student, pair.tokenizer, cfg, calib=calib, versions=versions)
     scored = score(engine, train, probes, seed=cfg.seed)
     result = {**summarize(scored, cfg.seed), "seconds": time.time() - t0}
     return {**result, "scored": scored} if keep else result
@@ -357,7 +357,12 @@ def measure_sources(
     rows = sources(cfg)
     out = []
     for name, row in tqdm(rows, desc="sources", disable=not progress):
-        out.append({"source": name, **measure_config(pair, row, probes, versions if row.staleness else None)})
+        out.append(
+            {
+                "source": name,
+                **measure_config(pair, row, probes, versions=versions if row.staleness else None),
+            }
+        )
     return out
 
 

@@ -307,7 +307,7 @@ def generate(
     recorded = []  # [B, V] fp32 logits per step
 
     with small_batch_linears(model):  # decode feeds B rows at a time: the fast small-batch product
-        logits_B_V = prefill(model, ids_B_P, attn_B_P, cache)
+        logits_B_V = prefill(model, ids_B_P, attn_B_P, cache=cache)
         for t in range(N):
             token_B, logprob_B = sample_next(logits_B_V, cfg, generator)
             if record:
@@ -319,7 +319,7 @@ def generate(
                 alive_B = alive_B & (token_B != eos)
             if t == N - 1 or not alive_B.any():
                 break
-            logits_B_V = decode(model, tokens_B_N[:, t], attn_B_T[:, : P + t + 1], cache)
+            logits_B_V = decode(model, tokens_B_N[:, t], attn_B_T[:, : P + t + 1], cache=cache)
 
     engine_logits = torch.stack(recorded, 1)[alive_B_N[:, : len(recorded)]] if record else None  # [R, V]
     return Rollout(
@@ -338,7 +338,7 @@ def calibrate_kv_scales(model, tokenizer, prompts: list[str], cfg: RolloutConfig
     """amax/448 per layer and head over a short sampled rollout of the probe prompts (prompt and response)."""
     layers = [AmaxRecorder() for _ in range(model.config.num_hidden_layers)]
     generator = torch.Generator(next(model.parameters()).device).manual_seed(cfg.seed)
-    generate(model, tokenizer, prompts, cfg, generator=generator, cache=Cache(layers=layers))
+    generate(model, tokenizer, prompts, cfg=cfg, generator=generator, cache=Cache(layers=layers))
     return scales_from_amax(layers)
 
 
@@ -418,7 +418,7 @@ class RolloutEngine:
         if self.cfg.kv_cache == "fp8":
             calibrated = self.cfg.kv_scales == "calibrated"
             self.kv_scales = (
-                calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, self.cfg)
+                calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, cfg=self.cfg)
                 if calibrated
                 else KVScales.unit(model.config)
             )
@@ -434,7 +434,7 @@ class RolloutEngine:
             self.model,
             self.tokenizer,
             prompts,
-            self.cfg,
+            cfg=self.cfg,
             generator=generator,
             version=self.version,
             cache=self.new_cache(),
@@ -547,7 +547,7 @@ def main(argv=None) -> None:
         pair = load_pair(args.pair)
         prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
         t0 = time.time()
-        rollout = generate(pair.student, pair.tokenizer, prompts, cfg)
+        rollout = generate(pair.student, pair.tokenizer, prompts, cfg=cfg)
     except (BadInput, NonFinite) as e:
         fail(e)
     print(f"config: {asdict(cfg)}  ({time.time() - t0:.2f}s)")

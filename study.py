@@ -36,7 +36,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from admit import check, read_budget, short_run
+from admit import check, read_budget, short_run, study_config
 from cli import BadInput, NonFinite, Parser, fail, positive_int
 from models import DEVICES, PAIRS, device_label, load_pair, resolve_device
 from runfiles import atomic_write_text, read_metrics
@@ -60,7 +60,13 @@ def sweep(
     points = []
     for label, train_over, roll_over, seed in tqdm(jobs, desc=desc, unit="run"):
         run = short_run(
-            out, pair, f"{slug(label)}-seed{seed}", seed, device, roll_over, **{**common, **train_over}
+            out,
+            pair,
+            f"{slug(label)}-seed{seed}",
+            seed=seed,
+            device=device,
+            rollout_over=roll_over,
+            **{**common, **train_over},
         )
         points.append({"label": label, "seed": seed, **train_over, **roll_over, **run})
     return points
@@ -120,18 +126,18 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
     budget = read_budget(budget_path, pair_name)
     candidates = VALIDATION
     pair = load_pair(pair_name, device=device)
-    base_cfg = pair_config(pair_name, device=device)
+    base_cfg = study_config(pair_name, device=device)
     verdicts = {}
     for label, over in tqdm(candidates, desc="checking", unit="config"):
-        verdicts[label] = check(budget, pair, replace(base_cfg.rollout, **over), probes, device)
+        verdicts[label] = check(budget, pair, replace(base_cfg.rollout, **over), cap=probes, device=device)
     plan = [("baseline", {}, {})] + [(label, {}, over) for label, over in candidates]
     points = sweep(
         RESULTS / "runs" / f"validate_{pair_name}",
         pair_name,
         plan,
-        seeds,
-        device,
-        "training",
+        seeds=seeds,
+        device=device,
+        desc="training",
         steps=budget["steps"],
         eval_every=0,
     )
@@ -223,7 +229,15 @@ RL_COMMON = dict(
 
 def rl(seeds: int, device: str) -> dict:
     plan = [(f"{m} {c}", over_m, over_c) for m, over_m in RL_METHODS.items() for c, over_c in RL_CONFIGS]
-    points = sweep(RESULTS / "runs" / "rl_tiny", "tiny", plan, seeds, device, "OPD vs GRPO", **RL_COMMON)
+    points = sweep(
+        RESULTS / "runs" / "rl_tiny",
+        "tiny",
+        plan,
+        seeds=seeds,
+        device=device,
+        desc="OPD vs GRPO",
+        **RL_COMMON,
+    )
     for key in ("eval_reward", "eval_rkl", "eval_acc"):
         paired(points, key, lambda p: p["label"].split(" ")[0] + " fp32")
     result = {
@@ -271,7 +285,7 @@ def plot_rl(result: dict, path: Path) -> None:
         plt,
         fig,
         path,
-        f"OPD vs GRPO under the same rollout mismatch (tiny, {result['common']['steps']} steps; "
+        title=f"OPD vs GRPO under the same rollout mismatch (tiny, {result['common']['steps']} steps; "
         f"{result['device']})",
     )
 
@@ -325,7 +339,7 @@ def prefix(seeds: int, device: str) -> dict:
         for s in PREFIX_SIGMAS
     ]
     out = RESULTS / "runs" / "prefix_tiny"
-    points = sweep(out, "tiny", plan, seeds, device, "prefix shift", steps=60, eval_every=0)
+    points = sweep(out, "tiny", plan, seeds=seeds, device=device, desc="prefix shift", steps=60, eval_every=0)
     paired(points, "eval_rkl", lambda p: p["label"].rsplit(" ", 1)[0] + " 0")
     trajectories = {}  # per σ, from the sampled+TIS runs of seed 0: per-step per-token and prefix KL
     for s in PREFIX_SIGMAS:
@@ -396,7 +410,7 @@ def plot_prefix(result: dict, path: Path) -> None:
         plt,
         fig,
         path,
-        f"Per-token vs prefix-shift mismatch under weight noise (tiny, {result['steps']} steps; "
+        title=f"Per-token vs prefix-shift mismatch under weight noise (tiny, {result['steps']} steps; "
         f"{result['device']})",
     )
 
@@ -535,7 +549,7 @@ def plot_async(result: dict, path: Path) -> None:
         ax.axhline(result["target_eval_rkl"], color="k", ls=":", lw=0.8, label="quality target")
         ax.set(xlabel=xl, ylabel="held-out reverse KL (nats/token)")
         ax.legend(fontsize=8)
-    save_figure(plt, fig, path, f"Time to quality, {result['pair']}: MEASURED on {result['device']}")
+    save_figure(plt, fig, path, title=f"Time to quality, {result['pair']}: MEASURED on {result['device']}")
 
 
 def async_table(result: dict) -> str:
@@ -676,7 +690,9 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
         if args.cmd == "validate":
             budget = Path(args.budget or f"budgets/{args.pair}/budget.json")
-            print(validation_table(validate(args.pair, budget, args.seeds, args.probes, device)))
+            print(
+                validation_table(validate(args.pair, budget, args.seeds, probes=args.probes, device=device))
+            )
         elif args.cmd == "rl":
             print(rl_table(rl(args.seeds, device)))
         elif args.cmd == "prefix":

@@ -82,8 +82,8 @@ class TrainConfig:
 # Per-pair settings; every other field takes TrainConfig's default. The checkpoint cadence keeps the time
 # spent saving under 5% of a run: a smollm2 checkpoint (weights + AdamW state) is 1.36 GB.
 PAIR_DEFAULTS = {
-    "tiny": dict(steps=200, batch_size=64, samples_per_prompt=4, lr=3e-4, warmup=10, eval_every=50,
-                 eval_prompts=256, ckpt_every=10, max_new_tokens=6),
+    "tiny": dict(steps=450, batch_size=64, samples_per_prompt=4, lr=1.5e-3, warmup=20, schedule="cosine",
+                 eval_every=75, eval_prompts=256, ckpt_every=50, max_new_tokens=6),
     "smollm2": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
     "gemma3": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
     "custom": dict(steps=20, lr=5e-5, eval_every=5, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
@@ -134,7 +134,7 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
                            tis_cap=cfg.tis_cap, advantages_B=advantages_B)
     kl_N = stats.pop("mismatch_N")
     if kl_N is None:  # the engine's distributions were too large to record: re-score them (approximate)
-        kl_N = rescored_token_kl(batches.engine, pair.student, rollout, cfg.kl_chunk)
+        kl_N = rescored_token_kl(batches.engine, pair.student, rollout, chunk=cfg.kl_chunk)
         extra["mismatch_rescored"] = True
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -151,16 +151,16 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
             "sample_seconds": sample_seconds, "seconds": time.time() - t0}
 
 
-def trajectory(pair, steps: int, device) -> list[dict]:
-    """The weights after 0..steps real OPD steps (the pair's default settings) on a copy of the student:
-    what a stale engine serves. Measurement (mismatch.measure_config) is handed these; it never trains."""
-    cfg = pair_config(pair.name, device=device)
+def trajectory(pair, steps: int, device, **overrides) -> list[dict]:
+    """The weights after 0..steps real OPD steps (the pair's defaults, then `overrides`) on a copy of the
+    student: what a stale engine serves. Measurement (mismatch.measure_config) is handed these."""
+    cfg = pair_config(pair.name, device=device, **overrides)
     work = replace(pair, student=copy.deepcopy(pair.student))
     optimizer = torch.optim.AdamW(work.student.parameters(), lr=cfg.lr)
     batches = Batches(work, make_engine(work, cfg), cfg, device)
     weights = [snapshot(work.student)]
     for step in range(1, steps + 1):
-        train_step(work, batches, cfg, optimizer, step, device)
+        train_step(work, batches, cfg, optimizer=optimizer, step=step, device=device)
         weights.append(snapshot(work.student))
     return weights
 
@@ -252,7 +252,7 @@ def train_loop(run: Run, quiet: bool) -> None:
                disable=quiet, unit="step")
     last_ckpt = time.time()
     for step in bar:
-        rec = train_step(run.pair, run.batches, cfg, run.optimizer, step, run.device)
+        rec = train_step(run.pair, run.batches, cfg, optimizer=run.optimizer, step=step, device=run.device)
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             t0 = time.time()
             run.batches.wait()  # async: the next batch, which the next step would otherwise wait for

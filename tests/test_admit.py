@@ -179,3 +179,50 @@ def test_check_gives_a_verdict(calibrated):
     ]
     assert out["ci_low"] <= out["mismatch_kl"] <= out["ci_high"] and 8 <= out["probes"] <= 16
     assert out["seconds_vs_calibration_run"] > 0 and out["wall_seconds"] >= out["seconds"]
+
+
+@pytest.mark.parametrize("over", [{"weights": "fp8"}, {"kv_cache": "fp8"}, {"noise": 0.05}], ids=["fp8", "kv-fp8", "noise"])
+def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
+    """Our own engine writes a dump; its sampled-token estimate (k3, and top-k + k3 tail) has the exact KL of
+    the same samples inside its CI, and a .pt dump of the same numbers gives the same estimate."""
+    import torch
+
+    from dumps import read_dump, write_dump
+    from mismatch import dump_estimate, measure_config
+    from models import format_prompt
+    from rollout import RolloutConfig
+
+    probes = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_pair.eval_prompts[:128]]
+    m = measure_config(tiny_pair, RolloutConfig(max_new_tokens=6, **over), probes, keep=True)
+    write_dump(tmp_path / "dump.jsonl", m["scored"])
+    with_top = dump_estimate(read_dump(tmp_path / "dump.jsonl"))
+    assert with_top["ci_low"] <= m["mismatch_kl"] <= with_top["ci_high"], (with_top, m["mismatch_kl"])
+    assert with_top["kl_lower_bound"] <= m["mismatch_kl"] * (1 + 1e-6)
+    lines = [json.loads(x) for x in (tmp_path / "dump.jsonl").read_text().splitlines()]
+    k3_only = tmp_path / "k3.jsonl"
+    k3_only.write_text("".join(json.dumps({k: d[k] for k in ("engine_logprobs", "train_logprobs")}) + "\n" for d in lines))
+    k3 = dump_estimate(read_dump(k3_only))
+    assert k3["estimator"] == "k3" and k3["ci_low"] <= m["mismatch_kl"] <= k3["ci_high"], (k3, m["mismatch_kl"])
+    assert with_top["ci_high"] - with_top["ci_low"] <= k3["ci_high"] - k3["ci_low"], "top-k tightens the CI"
+    T = max(len(d["engine_logprobs"]) for d in lines)
+    pad = lambda key: torch.tensor([d[key] + [0.0] * (T - len(d[key])) for d in lines])  # noqa: E731
+    mask = torch.tensor([[1] * len(d["engine_logprobs"]) + [0] * (T - len(d["engine_logprobs"])) for d in lines])
+    torch.save({"engine_logprobs": pad("engine_logprobs"), "train_logprobs": pad("train_logprobs"), "mask": mask},
+               tmp_path / "dump.pt")
+    assert abs(dump_estimate(read_dump(tmp_path / "dump.pt"))["mismatch_kl"] - k3["mismatch_kl"]) < 1e-9
+
+
+def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
+    from dumps import write_dump
+    from mismatch import measure_config
+    from models import format_prompt
+    from rollout import RolloutConfig
+
+    probes = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_pair.eval_prompts[:32]]
+    write_dump(tmp_path / "d.jsonl", measure_config(tiny_pair, RolloutConfig(max_new_tokens=6, noise=2.0), probes, keep=True)["scored"])
+    budget = {"schema_version": SCHEMA_VERSION, "pair": "tiny", "budget": 0.01, "how": "crossing",
+              "tolerance": {"nats": 0.01}, "seconds_per_run": 10.0}
+    (tmp_path / "b.json").write_text(json.dumps(budget))
+    result = cli("check", "--budget", str(tmp_path / "b.json"), "--dump", str(tmp_path / "d.jsonl"), "--json", cwd=tmp_path)
+    out = json.loads(result.stdout)
+    assert out["verdict"] == "reject" and result.returncode == 1, result.stderr[-2000:]

@@ -89,3 +89,24 @@ def test_lines_functions_and_train_py_stay_readable():
                 )
     assert len((ROOT / "train.py").read_text().splitlines()) <= 450, "train.py grew past 450 lines"
     assert not problems, "\n".join(problems)
+
+
+def test_calls_with_more_than_three_arguments_use_keywords():
+    """A call to a project function passes its 4th and later arguments by keyword, never positionally."""
+    trees = {path.name: ast.parse(path.read_text()) for path in modules()}
+    defined = {
+        node.name
+        for tree in trees.values()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    problems = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or len(node.args) <= 3:
+                continue
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if called in defined:
+                problems.append(f"{name}:{node.lineno} {called} ({len(node.args)} positional)")
+    assert not problems, "\n".join(problems)
