@@ -22,6 +22,7 @@ from mismatch import token_kl
 from rollout import head, response_hidden
 
 ESTIMATORS = ("analytic", "sampled", "grpo")
+RECOMPUTE_BYTES = 2 * 2**30
 
 
 def reverse_kl_terms(student_logits_N_V: torch.Tensor, teacher_logits_N_V: torch.Tensor, y_N: torch.Tensor):
@@ -65,8 +66,9 @@ def opd_loss(
     such correction: it sums over the whole vocabulary at each prefix, so how the engine drew y_t does not
     enter the term at t; only the prefixes it visits do (prefix shift). TIS assumes temperature 1, top-p 1.
 
-    The vocabulary-sized logits are formed `chunk` tokens at a time and recomputed in the backward pass
-    (activation checkpointing), so peak memory is one chunk's [chunk, V] logits, not [N, V].
+    The vocabulary-sized logits are formed `chunk` tokens at a time; when the whole batch's would exceed
+    RECOMPUTE_BYTES they are recomputed in the backward pass (activation checkpointing), so peak memory is one
+    chunk's [chunk, V] logits, not [N, V].
     stats: rkl = mean exact KL(p_s ‖ p_t) per token (whatever the estimator), tokens = N, and mismatch_N =
     exact KL(π_engine ‖ π_student) per token (float64) when the rollout carries engine_logits, else None.
     """
@@ -94,13 +96,17 @@ def opd_loss(
         # recomputes them for the gradient anyway.
         return objective, kl_C.detach().sum(), student_logits_C_V.detach()
 
+    # Recompute the chunks in the backward pass only when keeping them would cost more than RECOMPUTE_BYTES
+    # (about six [N, V] fp32 tensors live until backward): smollm2's 400 tokens keep 0.5 GB and skip the
+    # recomputation (and its second output-head product); gemma3's 262k vocabulary recomputes.
+    vocab = student.get_output_embeddings().weight.shape[0]
+    recompute = torch.is_grad_enabled() and 6 * 4 * n * vocab > RECOMPUTE_BYTES
     loss, kl_sum, mismatch = zero, zero, []
     for i in range(0, n, chunk):
         part = slice(i, i + chunk)
         args = (h_s_N_H[part], h_t_N_H[part], y_N[part], logp_engine_N[part], adv_N[part])
-        grad = torch.is_grad_enabled()
         objective, kl, student_logits_C_V = (
-            checkpoint(chunk_terms, *args, use_reentrant=False) if grad else chunk_terms(*args)
+            checkpoint(chunk_terms, *args, use_reentrant=False) if recompute else chunk_terms(*args)
         )
         if rollout.engine_logits is not None:
             mismatch.append(token_kl(rollout.engine_logits[part], student_logits_C_V))

@@ -16,8 +16,7 @@ KV scales come from one of two places (`kv_scales`):
 Our cache attends to the *quantized* keys and values in prefill as well as in decode: every read goes
 through FP8, so the prompt and the response see the same precision. (Engines differ here; transformers'
 Fp8QuantizedLayer attends to the unquantized states in prefill.) The e4m3 storage is preallocated and
-written in place; reads dequantize into one scratch buffer that all layers of a cache share, so the cache
-holds 1 byte per element plus one layer's worth of working space.
+written in place; each position is dequantized once, into a working copy attention reads (see Fp8KVLayer).
 
 FP8 weights go through torchao (`quantize_weights`: fp8 weight-only, fp8-dyn W8A8 on CUDA sm >= 8.9, and
 fp8-emu, a fake-quantized emulation of W8A8 that runs anywhere).
@@ -73,16 +72,18 @@ class Fp8KVLayer(DynamicLayer):
     """One attention layer's cache: keys and values stored as e4m3 with fixed per-head scales [1, H, 1, 1].
 
     update() quantizes the new states into preallocated e4m3 storage at the next positions (capacity doubles
-    when full, so a long rollout costs O(log T) reallocations, not one per token) and returns the
-    dequantized keys and values of the whole sequence, prefill included, in the dtype the model computes in.
-    The dequantized copy lives in `scratch`, a buffer shared by all layers of one cache and overwritten by
-    the next layer: attention consumes it before the next layer's update.
+    when full: O(log T) reallocations, not one per token), dequantizes just those positions into a working
+    copy in the model's compute dtype, and returns the working copy of the whole sequence, prefill included.
+    Attention therefore reads exactly q · s for every position, as if it dequantized the e4m3 storage at
+    every token, but each token is converted once: on this CPU converting e4m3 costs ~1.5 ns an element, which
+    re-done over a 300-token history at every step would add a quarter to the decode time. The working copy is
+    what a CPU needs to attend; an FP8 engine on a GPU attends to the e4m3 storage directly, and the storage
+    (plus scales) is what `keys`/`values`, `cache_bytes` and the KV-capacity arithmetic count.
     """
 
-    def __init__(self, key_scale: torch.Tensor, value_scale: torch.Tensor, scratch: dict | None = None):
+    def __init__(self, key_scale: torch.Tensor, value_scale: torch.Tensor):
         super().__init__()
         self.key_scale, self.value_scale = key_scale, value_scale
-        self.scratch = {} if scratch is None else scratch
         self.length = 0
 
     @property
@@ -94,9 +95,7 @@ class Fp8KVLayer(DynamicLayer):
         return self.v_store[:, :, : self.length]
 
     @keys.setter
-    def keys(
-        self, value
-    ) -> None:  # the base class initialises keys and values to None; nothing else may set them
+    def keys(self, value) -> None:  # the base class initialises keys and values to None; nothing else may
         if value is not None:
             raise AttributeError("Fp8KVLayer stores keys only through update()")
 
@@ -110,6 +109,8 @@ class Fp8KVLayer(DynamicLayer):
         B, H, T, D = key_states.shape
         self.k_store = torch.empty(B, H, max(T, 16), D, dtype=FP8, device=self.device)
         self.v_store = torch.empty_like(self.k_store)
+        self.k_work = torch.empty(B, H, max(T, 16), D, dtype=self.dtype, device=self.device)
+        self.v_work = torch.empty_like(self.k_work)
         self.key_scale = self.key_scale.to(self.device)
         self.value_scale = self.value_scale.to(self.device)
         self.is_initialized = True
@@ -118,35 +119,26 @@ class Fp8KVLayer(DynamicLayer):
         capacity = self.k_store.shape[2]
         if needed > capacity:
             new = max(needed, 2 * capacity)
-            for name in ("k_store", "v_store"):
+            for name in ("k_store", "v_store", "k_work", "v_work"):
                 old = getattr(self, name)
-                grown = torch.empty(*old.shape[:2], new, old.shape[3], dtype=FP8, device=self.device)
+                grown = torch.empty(*old.shape[:2], new, old.shape[3], dtype=old.dtype, device=self.device)
                 grown[:, :, : self.length] = old[:, :, : self.length]
                 setattr(self, name, grown)
-
-    def _read(self, name: str, store: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """Dequantize positions [0, length) into the shared scratch buffer; return a view of it."""
-        B, H, T, D = store.shape[0], store.shape[1], self.length, store.shape[3]
-        buf = self.scratch.get(name)
-        if buf is None or buf.numel() < B * H * T * D or buf.dtype != self.dtype:
-            buf = torch.empty(B * H * max(2 * T, 64) * D, dtype=self.dtype, device=self.device)
-            self.scratch[name] = buf
-        out_B_H_T_D = buf[: B * H * T * D].view(B, H, T, D)
-        if self.dtype == torch.float32:
-            torch.mul(store[:, :, :T].float(), scale, out=out_B_H_T_D)
-        else:  # multiply in fp32, then round once: exactly dequantize_fp8's numerics
-            out_B_H_T_D.copy_(store[:, :, :T].float() * scale)
-        return out_B_H_T_D
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        new = key_states.shape[2]
-        self._grow(self.length + new)
-        self.k_store[:, :, self.length : self.length + new] = quantize_fp8(key_states, self.key_scale)
-        self.v_store[:, :, self.length : self.length + new] = quantize_fp8(value_states, self.value_scale)
-        self.length += new
-        return self._read("k", self.k_store, self.key_scale), self._read("v", self.v_store, self.value_scale)
+        start, end = self.length, self.length + key_states.shape[2]
+        self._grow(end)
+        for states, scale, store, work in (
+            (key_states, self.key_scale, self.k_store, self.k_work),
+            (value_states, self.value_scale, self.v_store, self.v_work),
+        ):
+            q = quantize_fp8(states, scale)
+            store[:, :, start:end] = q
+            work[:, :, start:end] = dequantize_fp8(q, scale, self.dtype)
+        self.length = end
+        return self.k_work[:, :, :end], self.v_work[:, :, :end]
 
     def get_seq_length(self) -> int:
         return self.length
@@ -170,8 +162,7 @@ class KVScales:
 
 
 def fp8_kv_cache(scales: KVScales) -> Cache:
-    scratch = {}  # one dequantization buffer for all layers
-    return Cache(layers=[Fp8KVLayer(k, v, scratch) for k, v in zip(scales.keys, scales.values)])
+    return Cache(layers=[Fp8KVLayer(k, v) for k, v in zip(scales.keys, scales.values)])
 
 
 class AmaxRecorder(DynamicLayer):

@@ -400,7 +400,10 @@ class RolloutEngine:
             self.model, self.version = self._build(weights, served), served
 
     def _build(self, weights: dict, version: int):
-        model = copy.deepcopy(self.template).to(self.device)
+        if self.cfg.weights == "fp32" and self.model is not None:
+            model = self.model  # same structure and dtype: load the new weights in place, no template copy
+        else:  # bf16 casts and FP8 quantization change the modules: start from the fp32 template
+            model = copy.deepcopy(self.template).to(self.device)
         model.load_state_dict(weights)
         if self.cfg.noise > 0:
             seed = self.cfg.seed * 1_000_003 + version

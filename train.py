@@ -82,9 +82,9 @@ class TrainConfig:
 # Per-pair settings; every other field takes TrainConfig's default. The checkpoint cadence keeps the time
 # spent saving under 5% of a run: a smollm2 checkpoint (weights + AdamW state) is 1.36 GB.
 PAIR_DEFAULTS = {
-    "tiny": dict(steps=450, batch_size=64, samples_per_prompt=4, lr=1.5e-3, warmup=20, schedule="cosine",
-                 eval_every=75, eval_prompts=256, ckpt_every=50, max_new_tokens=6),
-    "smollm2": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
+    "tiny": dict(steps=600, batch_size=64, samples_per_prompt=4, lr=1.5e-3, warmup=20, schedule="cosine",
+                 eval_every=100, eval_prompts=256, ckpt_every=100, max_new_tokens=6),
+    "smollm2": dict(steps=12, lr=5e-5, eval_every=6, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
     "gemma3": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
     "custom": dict(steps=20, lr=5e-5, eval_every=5, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
 }

@@ -1,5 +1,6 @@
 """The OPD loss against direct computations."""
 
+import pytest
 import torch
 from conftest import assert_close
 
@@ -78,7 +79,12 @@ def direct_opd_loss(student, teacher, rollout):
     return (kl_B_T * mask).sum() / mask.sum()
 
 
-def test_chunked_loss_and_gradient_equal_direct(tiny_pair):
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
+def test_chunked_loss_and_gradient_equal_direct(tiny_pair, monkeypatch, recompute):
+    """Both memory plans (chunks kept until backward, or recomputed in it) give the direct loss and gradient."""
+    import loss as loss_module
+
+    monkeypatch.setattr(loss_module, "RECOMPUTE_BYTES", 0 if recompute else 2**62)
     rollout = batch_rollout(tiny_pair)
     student = tiny_pair.student
     expected = direct_opd_loss(student, tiny_pair.teacher, rollout)
