@@ -50,6 +50,13 @@ def tis_weights(logp_train_N: torch.Tensor, logp_engine_N: torch.Tensor, cap: fl
     return torch.exp(logp_train_N.detach() - logp_engine_N).clamp(max=cap)
 
 
+def must_recompute(n_tokens: int, vocab: int) -> bool:
+    """Recompute the vocabulary-sized chunks in backward only when keeping them (about six [N, V] fp32
+    tensors live until backward) would pass RECOMPUTE_BYTES: smollm2's 400 tokens keep 0.5 GB and skip the
+    recomputation (and its second output-head product); gemma3's 262k vocabulary recomputes."""
+    return 6 * 4 * n_tokens * vocab > RECOMPUTE_BYTES
+
+
 def opd_loss(
     student,
     teacher,
@@ -66,9 +73,7 @@ def opd_loss(
     such correction: it sums over the whole vocabulary at each prefix, so how the engine drew y_t does not
     enter the term at t; only the prefixes it visits do (prefix shift). TIS assumes temperature 1, top-p 1.
 
-    The vocabulary-sized logits are formed `chunk` tokens at a time; when the whole batch's would exceed
-    RECOMPUTE_BYTES they are recomputed in the backward pass (activation checkpointing), so peak memory is one
-    chunk's [chunk, V] logits, not [N, V].
+    Vocabulary-sized logits are formed `chunk` tokens at a time, recomputed in backward when must_recompute.
     stats: rkl = mean exact KL(p_s ‖ p_t) per token (whatever the estimator), tokens = N, and mismatch_N =
     exact KL(π_engine ‖ π_student) per token (float64) when the rollout carries engine_logits, else None.
     """
@@ -96,11 +101,7 @@ def opd_loss(
         # recomputes them for the gradient anyway.
         return objective, kl_C.detach().sum(), student_logits_C_V.detach()
 
-    # Recompute the chunks in the backward pass only when keeping them would cost more than RECOMPUTE_BYTES
-    # (about six [N, V] fp32 tensors live until backward): smollm2's 400 tokens keep 0.5 GB and skip the
-    # recomputation (and its second output-head product); gemma3's 262k vocabulary recomputes.
-    vocab = student.get_output_embeddings().weight.shape[0]
-    recompute = torch.is_grad_enabled() and 6 * 4 * n * vocab > RECOMPUTE_BYTES
+    recompute = torch.is_grad_enabled() and must_recompute(n, student.get_output_embeddings().weight.shape[0])
     loss, kl_sum, mismatch = zero, zero, []
     for i in range(0, n, chunk):
         part = slice(i, i + chunk)
