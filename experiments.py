@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from cli import BadInput, NonFinite, Parser, fail, positive_float, positive_int
-from mismatch import DEFAULT_PROBES, MAX_NEW_TOKENS, PROBES, measure_config, measure_sources, print_table
+from mismatch import DEFAULT_PROBES, MAX_NEW_TOKENS, PROBES, measure_config, measure_sources, print_results
 from models import DEVICES, PAIRS, format_prompt, load_pair, resolve_device
 from quant import FP8_WEIGHTS
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
@@ -168,20 +168,7 @@ def run_sources(args, device: str) -> None:
     ]
     versions = trajectory(pair, cfg.staleness, device) if cfg.staleness else None
     results = measure_sources(pair, cfg, probes, versions=versions, progress=not args.json)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "pair": args.pair,
-                    "scale": "KL(engine||train) nats/token",
-                    "device": device,
-                    "rows": results,
-                },
-                indent=2,
-            )
-        )
-    else:
-        print_table(results, args.pair)
+    print_results(results, args.pair, device, as_json=args.json)
 
 
 def main(argv=None) -> None:

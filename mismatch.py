@@ -366,6 +366,15 @@ def measure_sources(
     return out
 
 
+def print_results(results: list[dict], pair: str, device: str, as_json: bool) -> None:
+    """The sources table, or JSON (one object per row; mismatch_kl is the canonical number)."""
+    if as_json:
+        scale = "KL(engine||train) nats/token"
+        print(json.dumps({"pair": pair, "scale": scale, "device": device, "rows": results}, indent=2))
+    else:
+        print_table(results, pair)
+
+
 def print_table(results: list[dict], pair: str) -> None:
     print(
         f"mismatch on {pair}: KL(π_engine ‖ π_train), nats/token, on the engine's own samples "
@@ -471,20 +480,7 @@ def main(argv=None) -> None:
             r.pop("scored", None)
     except (BadInput, NonFinite) as e:
         fail(e)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "pair": args.pair,
-                    "scale": "KL(engine||train) nats/token",
-                    "device": device,
-                    "rows": results,
-                },
-                indent=2,
-            )
-        )
-    else:
-        print_table(results, args.pair)
+    print_results(results, args.pair, device, as_json=args.json)
 
 
 if __name__ == "__main__":
