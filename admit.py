@@ -601,14 +601,13 @@ def main(argv=None) -> None:
             out = Path(args.out or f"budgets/{args.pair}")
             real = [r for r in args.real.split(",") if r]
             calibration_configs([], real)  # refuses an unknown --real before any run starts
-            grid = args.noise_grid if isinstance(args.noise_grid, list) else comma_floats(args.noise_grid)
             command = shlex.join(
                 ["python", "admit.py", *(sys.argv[1:] if argv is None else argv)]
             )  # for budget.json
             budget = calibrate(
                 args.pair,
                 out,
-                grid,
+                args.noise_grid,  # a list: argparse applies comma_floats to the default too
                 real=real,
                 steps=args.steps,
                 seeds=args.seeds,
