@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import sys
 import time
 from dataclasses import asdict, replace
@@ -40,11 +41,12 @@ from tqdm import tqdm
 
 from cli import BadInput, NonFinite, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
 from dumps import read_dump
+from evaluate import evaluate
 from mismatch import MAX_NEW_TOKENS, bootstrap_ci, dump_estimate, measure_config
 from models import DEVICES, PAIRS, cache_dir, device_label, format_prompt, load_pair, n_params, resolve_device
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from runfiles import atomic_write_text, run_seconds
+from runfiles import atomic_write_text, load_checkpoint, run_seconds
 from train import pair_config, run_or_resume, trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
@@ -161,7 +163,11 @@ def run_point(records: list[dict]) -> dict:
 # The study's short runs (calibrate, check's stale trajectories, study.py) keep the training settings the
 # committed budgets and results were measured with, whatever a pair's demo defaults become; budget.json
 # records them. A pair without an entry uses its defaults.
-STUDY_TRAIN = {"tiny": dict(batch_size=64, samples_per_prompt=4, lr=3e-4, warmup=10, schedule="constant")}
+STUDY_TRAIN = {
+    "tiny": {"batch_size": 64, "samples_per_prompt": 4, "lr": 3e-4, "warmup": 10, "schedule": "constant"},
+    # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise (issue 13)
+    "smollm2": {"eval_prompts": 64},
+}
 
 
 TRAIN_KEYS = (
@@ -173,6 +179,7 @@ TRAIN_KEYS = (
     "weight_decay",
     "grad_clip",
     "loss",
+    "eval_prompts",
 )
 
 
@@ -195,7 +202,7 @@ def stale_versions(pair, k: int, device) -> tuple[list[dict], dict]:
     """The weights of versions 0..k for a stale candidate: k real OPD steps (the study's settings, seed 0) on
     a copy of the untrained student (train.trajectory). Cached in $OPD_CACHE/trajectories, so only the first
     check of a pair and k pays for the steps. Returns (versions, {"cached": bool, "seconds": ...})."""
-    over = STUDY_TRAIN.get(pair.name, {})
+    over = {k: v for k, v in STUDY_TRAIN.get(pair.name, {}).items() if k != "eval_prompts"}  # not weights
     tag = "-".join(f"{key}{value}" for key, value in sorted(over.items()))
     path = cache_dir() / "trajectories" / f"{pair.name}-{k}-{tag or 'defaults'}.pt"
     t0 = time.time()
@@ -266,6 +273,9 @@ def calibrate(
         "seeds": seeds,
         "probes": n_probes,
         "seconds_per_run": sum(p["seconds"] for p in points) / len(points),
+        "noise": quality_noise(
+            pair, out / "runs" / "baseline-seed0", points, tol=tol, seeds=seeds, device=device
+        ),
         "points": points,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -292,19 +302,19 @@ def calibration_points(
     loaded = load_pair(pair, device=device)  # for the probe measurements
     points = []
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
+        name = f"{label.replace(' ', '_')}-seed{seed}"
         run = short_run(
             out / "runs",
             pair,
-            f"{label.replace(' ', '_')}-seed{seed}",
+            name,
             seed=seed,
             device=device,
             rollout_over=over,
             steps=steps,
             eval_every=0,
         )
-        probe = probe_mismatch(
-            loaded, replace(study_config(pair).rollout, seed=seed, **over), n_probes, device=device
-        )
+        cfg = replace(study_config(pair).rollout, seed=seed, **over)
+        probe = cached_probe(out / "runs" / name / "probe.json", cfg, n_probes, pair=loaded, device=device)
         points.append(
             {
                 "source": label,
@@ -317,6 +327,66 @@ def calibration_points(
             }
         )
     return points
+
+
+def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device) -> dict:
+    """probe_mismatch, saved next to its run (probe.json) and reused when made with the same engine
+    configuration and probe count, so a resumed calibration does not measure its finished points again."""
+    key = {"probes": n_probes, "rollout": json.loads(json.dumps(asdict(cfg)))}
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if {k: saved.get(k) for k in key} == key:
+            return saved
+    probe = probe_mismatch(pair, cfg, n_probes, device=device)
+    saved = {**key, **{k: probe[k] for k in ("mismatch_kl", "ci_low", "ci_high")}}
+    atomic_write_text(path, json.dumps(saved, indent=1) + "\n")
+    return saved
+
+
+EVAL_SEEDS = 4  # evaluation seeds for the evaluation-noise measurement
+
+
+def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
+    """The evaluation's own sampling noise: one finished run's final student evaluated with EVAL_SEEDS
+    evaluation seeds (nothing else varies), on the demo's 16 held-out prompts and on the study's number.
+    Returns {prompts: {"eval_rkl": [...], "sd": SD}}."""
+    pair = load_pair(pair_name, device=device)
+    pair.student.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt", device)["student"])
+    cfg = study_config(pair_name, device=device)
+    out = {}
+    for n in sorted({pair_config(pair_name).eval_prompts, cfg.eval_prompts}):
+        rkl = [
+            evaluate(pair, replace(cfg, eval_prompts=n, seed=s), device)["eval_rkl"]
+            for s in range(EVAL_SEEDS)
+        ]
+        out[str(n)] = {"eval_rkl": rkl, "sd": statistics.stdev(rkl)}
+    return out
+
+
+def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
+    """How far the quality axis can be trusted. Paired loss SD: the pooled across-seed SD of quality_loss
+    over the configurations (not the baseline), i.e. training and evaluation noise together:
+        sd² = Σ_c Σ_s (loss_cs − mean_c)² / Σ_c (seeds_c − 1),     se = sd / √seeds,
+    the standard error of one configuration's mean paired loss. The tolerance should be ≥ 2·se."""
+    by: dict[str, list[float]] = {}
+    for p in points:
+        if p["source"] != "baseline":
+            by.setdefault(p["source"], []).append(p["quality_loss"])
+    groups = [v for v in by.values() if len(v) > 1]
+    dof = sum(len(v) - 1 for v in groups)
+    ss = sum((x - sum(v) / len(v)) ** 2 for v in groups for x in v)
+    sd = math.sqrt(ss / dof) if dof else None
+    se = sd / math.sqrt(seeds) if sd is not None else None
+    base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
+    return {
+        "eval_sd_by_prompts": eval_noise(pair_name, base_run, device),
+        "eval_seeds": EVAL_SEEDS,
+        "baseline_sd_across_training_seeds": statistics.stdev(base) if len(base) > 1 else None,
+        "paired_loss_sd": sd,
+        "paired_loss_se": se,
+        "tolerance_over_se": tol / se if se else None,
+        "tolerance_at_least_2se": None if se is None else tol >= 2 * se,
+    }
 
 
 def plot_budget(budget: dict, path: Path) -> None:
@@ -434,6 +504,12 @@ def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
     return decision
 
 
+def beyond_lower_bound(budget: dict, m: dict) -> bool:
+    """True when the budget is only a lower bound and the whole CI lies above it: uncertain whatever more
+    probes show, so probing stops."""
+    return budget["how"] == "all-within" and m["ci_low"] > budget["budget"]
+
+
 def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, versions) -> tuple[dict, int, int]:
     """Probe in doubling batches until the CI decides or `cap` probes are used. A noisy candidate gets a fresh
     noise draw per batch (training redraws at every version), and the CI resamples draws, then probes within
@@ -452,7 +528,7 @@ def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, version
         groups = torch.tensor(group) if cfg.noise > 0 else None
         lo, hi = bootstrap_ci(kl_R, seq_R, seed=cfg.seed, group_of_seq=groups)
         m = {"mismatch_kl": kl_R.mean().item(), "ci_low": lo, "ci_high": hi}
-        if judge(budget, m, n, available=cap)["verdict"] != "uncertain":
+        if judge(budget, m, n, available=cap)["verdict"] != "uncertain" or beyond_lower_bound(budget, m):
             break
     return m, n, batch
 

@@ -133,10 +133,18 @@ def test_calibrate_writes_a_valid_budget_and_plot(calibrated):
     )
     assert budget["budget"] >= 0 and budget["how"] in ("crossing", "all-within", "none-within")
     assert (calibrated / "budget.png").stat().st_size > 0
+    noise = budget["noise"]  # the evaluation's own noise, measured on the seed-0 baseline's final student
+    assert all(
+        v["sd"] > 0 and len(v["eval_rkl"]) == noise["eval_seeds"]
+        for v in noise["eval_sd_by_prompts"].values()
+    )
+    assert noise["paired_loss_se"] is None, "one seed: no across-seed spread to measure"
 
 
 def test_calibrate_resumes_finished_runs(calibrated):
     before = (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text()
+    probe = calibrated / "runs" / "noise_0.1-seed0" / "probe.json"
+    probed = probe.stat().st_mtime_ns
     result = cli(
         "calibrate",
         "--pair",
@@ -157,6 +165,7 @@ def test_calibrate_resumes_finished_runs(calibrated):
     assert (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text() == before, (
         "finished runs are reused, not redone"
     )
+    assert probe.stat().st_mtime_ns == probed, "and so are their probe measurements"
 
 
 def test_check_gives_a_verdict(calibrated):
@@ -181,7 +190,9 @@ def test_check_gives_a_verdict(calibrated):
     assert out["seconds_vs_calibration_run"] > 0 and out["wall_seconds"] >= out["seconds"]
 
 
-@pytest.mark.parametrize("over", [{"weights": "fp8"}, {"kv_cache": "fp8"}, {"noise": 0.05}], ids=["fp8", "kv-fp8", "noise"])
+@pytest.mark.parametrize(
+    "over", [{"weights": "fp8"}, {"kv_cache": "fp8"}, {"noise": 0.05}], ids=["fp8", "kv-fp8", "noise"]
+)
 def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
     """Our own engine writes a dump; its sampled-token estimate (k3, and top-k + k3 tail) has the exact KL of
     the same samples inside its CI, and a .pt dump of the same numbers gives the same estimate."""
@@ -200,15 +211,24 @@ def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
     assert with_top["kl_lower_bound"] <= m["mismatch_kl"] * (1 + 1e-6)
     lines = [json.loads(x) for x in (tmp_path / "dump.jsonl").read_text().splitlines()]
     k3_only = tmp_path / "k3.jsonl"
-    k3_only.write_text("".join(json.dumps({k: d[k] for k in ("engine_logprobs", "train_logprobs")}) + "\n" for d in lines))
+    k3_only.write_text(
+        "".join(json.dumps({k: d[k] for k in ("engine_logprobs", "train_logprobs")}) + "\n" for d in lines)
+    )
     k3 = dump_estimate(read_dump(k3_only))
-    assert k3["estimator"] == "k3" and k3["ci_low"] <= m["mismatch_kl"] <= k3["ci_high"], (k3, m["mismatch_kl"])
+    assert k3["estimator"] == "k3" and k3["ci_low"] <= m["mismatch_kl"] <= k3["ci_high"], (
+        k3,
+        m["mismatch_kl"],
+    )
     assert with_top["ci_high"] - with_top["ci_low"] <= k3["ci_high"] - k3["ci_low"], "top-k tightens the CI"
     T = max(len(d["engine_logprobs"]) for d in lines)
     pad = lambda key: torch.tensor([d[key] + [0.0] * (T - len(d[key])) for d in lines])  # noqa: E731
-    mask = torch.tensor([[1] * len(d["engine_logprobs"]) + [0] * (T - len(d["engine_logprobs"])) for d in lines])
-    torch.save({"engine_logprobs": pad("engine_logprobs"), "train_logprobs": pad("train_logprobs"), "mask": mask},
-               tmp_path / "dump.pt")
+    mask = torch.tensor(
+        [[1] * len(d["engine_logprobs"]) + [0] * (T - len(d["engine_logprobs"])) for d in lines]
+    )
+    torch.save(
+        {"engine_logprobs": pad("engine_logprobs"), "train_logprobs": pad("train_logprobs"), "mask": mask},
+        tmp_path / "dump.pt",
+    )
     assert abs(dump_estimate(read_dump(tmp_path / "dump.pt"))["mismatch_kl"] - k3["mismatch_kl"]) < 1e-9
 
 
@@ -219,10 +239,27 @@ def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
     from rollout import RolloutConfig
 
     probes = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_pair.eval_prompts[:32]]
-    write_dump(tmp_path / "d.jsonl", measure_config(tiny_pair, RolloutConfig(max_new_tokens=6, noise=2.0), probes, keep=True)["scored"])
-    budget = {"schema_version": SCHEMA_VERSION, "pair": "tiny", "budget": 0.01, "how": "crossing",
-              "tolerance": {"nats": 0.01}, "seconds_per_run": 10.0}
+    write_dump(
+        tmp_path / "d.jsonl",
+        measure_config(tiny_pair, RolloutConfig(max_new_tokens=6, noise=2.0), probes, keep=True)["scored"],
+    )
+    budget = {
+        "schema_version": SCHEMA_VERSION,
+        "pair": "tiny",
+        "budget": 0.01,
+        "how": "crossing",
+        "tolerance": {"nats": 0.01},
+        "seconds_per_run": 10.0,
+    }
     (tmp_path / "b.json").write_text(json.dumps(budget))
-    result = cli("check", "--budget", str(tmp_path / "b.json"), "--dump", str(tmp_path / "d.jsonl"), "--json", cwd=tmp_path)
+    result = cli(
+        "check",
+        "--budget",
+        str(tmp_path / "b.json"),
+        "--dump",
+        str(tmp_path / "d.jsonl"),
+        "--json",
+        cwd=tmp_path,
+    )
     out = json.loads(result.stdout)
     assert out["verdict"] == "reject" and result.returncode == 1, result.stderr[-2000:]

@@ -161,6 +161,7 @@ OTHERS = [
     ("study", ["validate", "--seeds", "0"], "--seeds"),
     ("study", ["async", "--steps", "0"], "--steps"),
     ("study", ["validate", "--pair", "nope"], "--pair"),
+    ("study", ["validate", "--pair", "gemma3"], "gemma3"),
     ("study", ["validate", "--budget", "missing.json"], "missing.json"),
     ("experiments", ["sources", "--probes", "0"], "--probes"),
     ("experiments", ["sensitivity", "--weights", "bf16"], "--weights"),
