@@ -13,6 +13,7 @@ sensitivity  one decoder block of the student in FP8 at a time, everything else 
 """
 
 import json
+import time
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -20,8 +21,8 @@ from tqdm import tqdm
 
 from cli import BadInput, NonFinite, Parser, fail, positive_float, positive_int
 from mismatch import DEFAULT_PROBES, MAX_NEW_TOKENS, PROBES, measure_config, measure_sources, print_results
-from models import DEVICES, PAIRS, format_prompt, load_pair, resolve_device
-from quant import FP8_WEIGHTS
+from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
+from quant import FP8_WEIGHTS, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
 from train import trajectory
 
@@ -136,9 +137,19 @@ def run_sensitivity(args, device: str) -> None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out}: is a file, not a folder")
+    t0 = time.time()
     pair = load_pair(args.pair, device=device)
     result = sensitivity(
         pair, args.weights, args.probes, target=args.target, max_new_tokens=args.max_new_tokens
+    )
+    result.update(  # provenance: what was measured, how, where and how long it took (loading included)
+        pair=args.pair,
+        probes=args.probes,
+        max_new_tokens=args.max_new_tokens,
+        device=device_label(device),
+        seconds=time.time() - t0,
+        kv_bytes_per_token=kv_bytes_per_token(pair.student.config, "model", dtype_bytes=2),
+        kv_bytes_per_token_fp8=kv_bytes_per_token(pair.student.config, "fp8", dtype_bytes=2),
     )
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"sensitivity_{args.pair}_{args.weights}"

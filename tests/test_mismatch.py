@@ -187,6 +187,7 @@ def test_sensitivity_cli_writes_ranking_and_plot(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads((tmp_path / "sensitivity_tiny_fp8.json").read_text())
     assert sorted(data["ranking"]) == [0, 1] and data["recipe_mismatch"] <= data["all_fp8"]
+    assert data["kv_bytes_per_token"] == 2 * data["kv_bytes_per_token_fp8"] and data["seconds"] > 0
     assert (tmp_path / "sensitivity_tiny_fp8.png").stat().st_size > 0
 
 
