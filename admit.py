@@ -42,8 +42,18 @@ from tqdm import tqdm
 from cli import BadInput, NonFinite, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
 from dumps import read_dump
 from evaluate import evaluate
-from mismatch import MAX_NEW_TOKENS, bootstrap_ci, dump_estimate, measure_config
-from models import DEVICES, PAIRS, cache_dir, device_label, format_prompt, load_pair, n_params, resolve_device
+from mismatch import bootstrap_ci, dump_estimate, measure_config
+from models import (
+    DEVICES,
+    MAX_NEW_TOKENS,
+    PAIRS,
+    cache_dir,
+    device_label,
+    format_prompt,
+    load_pair,
+    n_params,
+    resolve_device,
+)
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
 from runfiles import atomic_write_text, load_checkpoint, run_seconds
@@ -702,7 +712,7 @@ def main(argv=None) -> None:
         if args.dump:
             result = check_dump(budget, Path(args.dump))
         else:
-            n_new = args.max_new_tokens or MAX_NEW_TOKENS.get(args.pair, RolloutConfig.max_new_tokens)
+            n_new = args.max_new_tokens or MAX_NEW_TOKENS[args.pair]
             cfg = rollout_config_from_args(args, max_new_tokens=n_new)
             result = check(budget, load_pair(args.pair, device=device), cfg, cap=args.probes, device=device)
             result["wall_seconds"] = process_seconds()

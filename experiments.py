@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from cli import BadInput, NonFinite, Parser, fail, positive_float, positive_int
-from mismatch import DEFAULT_PROBES, MAX_NEW_TOKENS, PROBES, measure_config, measure_sources, print_results
-from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
+from mismatch import DEFAULT_PROBES, PROBES, measure_config, measure_sources, print_results
+from models import DEVICES, MAX_NEW_TOKENS, PAIRS, device_label, format_prompt, load_pair, resolve_device
 from quant import FP8_WEIGHTS, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
 from train import trajectory
@@ -170,7 +170,7 @@ def run_sensitivity(args, device: str) -> None:
 
 
 def run_sources(args, device: str) -> None:
-    n_new = args.max_new_tokens or MAX_NEW_TOKENS.get(args.pair, RolloutConfig.max_new_tokens)
+    n_new = args.max_new_tokens or MAX_NEW_TOKENS[args.pair]
     cfg = rollout_config_from_args(args, max_new_tokens=n_new)
     pair = load_pair(args.pair, device=device)
     probes = [

@@ -51,7 +51,7 @@ from tqdm import tqdm
 
 from cli import BadInput, NonFinite, Parser, fail, positive_int
 from dumps import Dump, write_dump
-from models import DEVICES, PAIRS, format_prompt, load_pair, read_prompts, resolve_device
+from models import DEVICES, MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair, read_prompts, resolve_device
 from rollout import (
     RolloutConfig,
     RolloutEngine,
@@ -63,7 +63,6 @@ from rollout import (
 
 PROBES = {"tiny": 64}  # held-out probe prompts by default (other pairs: DEFAULT_PROBES)
 DEFAULT_PROBES = 16
-MAX_NEW_TOKENS = {"tiny": 6}  # probe response length by default (other pairs: RolloutConfig's)
 
 
 def token_kl(engine_logits_N_V: torch.Tensor, train_logits_N_V: torch.Tensor) -> torch.Tensor:
@@ -464,7 +463,7 @@ def main(argv=None) -> None:
             )
         check_out_file(args.dump_out, "--dump-out")
         device = resolve_device(args.device)
-        n_new = args.max_new_tokens or MAX_NEW_TOKENS.get(args.pair, RolloutConfig.max_new_tokens)
+        n_new = args.max_new_tokens or MAX_NEW_TOKENS[args.pair]
         cfg = rollout_config_from_args(args, max_new_tokens=n_new)
         pair = load_pair(args.pair, device=device)
         probes = probe_prompts(pair, args)

@@ -43,6 +43,9 @@ TINY_DIR = ROOT / "pairs" / "tiny"
 PROMPT_DIR = ROOT / "prompts"
 PAIRS = ("tiny", "smollm2", "gemma3")
 DEVICES = ("auto", "cpu", "cuda")
+# Response length per pair (training, evaluation, probes and check): the one source. tiny's answers are
+# short sums; the chat pairs answer in a few sentences. "custom" is any --teacher/--student pair.
+MAX_NEW_TOKENS = {"tiny": 6, "smollm2": 48, "gemma3": 48, "custom": 48}
 LAYER_DROPPED = {"smollm2": 24, "gemma3": 14}  # decoder layers the student keeps by default (of 30 / 18)
 
 

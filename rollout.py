@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from cli import BadInput, NonFinite, Parser, fail, fraction, nonneg_float, nonneg_int, positive_int
-from models import PAIRS, format_prompt, load_pair
+from models import MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair
 from quant import AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, scales_from_amax
 
 from transformers import DynamicCache  # isort: skip
@@ -50,7 +50,9 @@ class RolloutConfig:
 
     temperature: float = 1.0  # 0 = greedy (argmax); 1 = the policy itself
     top_p: float = 1.0  # nucleus sampling; 1 = no truncation
-    max_new_tokens: int = 48  # response length limit (EOS usually ends a row earlier); pairs set their own
+    max_new_tokens: int = MAX_NEW_TOKENS[
+        "custom"
+    ]  # response limit (EOS usually ends a row earlier); per pair
     seed: int = 0  # seeds the sampling generator when the caller passes none, and the weight noise
     ignore_eos: bool = False  # keep sampling past EOS (for benchmarks that need a fixed length)
     weights: str = (

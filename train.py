@@ -40,7 +40,7 @@ from cli import BadInput, NonFinite, Parser, fail, nonneg_float, nonneg_int, pos
 from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from mismatch import prefix_shift_kl, rescored_token_kl
-from models import DEVICES, PAIRS, format_prompt, load_pair, resolve_device
+from models import DEVICES, MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair, resolve_device
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
 from runfiles import RunLock, append_metrics, atomic_save, atomic_write_text, clean_leftovers
@@ -83,17 +83,17 @@ class TrainConfig:
 # spent saving under 5% of a run: a smollm2 checkpoint (weights + AdamW state) is 1.36 GB.
 PAIR_DEFAULTS = {
     "tiny": dict(steps=600, batch_size=64, samples_per_prompt=4, lr=1.5e-3, warmup=20, schedule="cosine",
-                 eval_every=100, eval_prompts=256, ckpt_every=100, max_new_tokens=6),
-    "smollm2": dict(steps=12, lr=5e-5, eval_every=6, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
-    "gemma3": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
-    "custom": dict(steps=20, lr=5e-5, eval_every=5, ckpt_every=0, ckpt_minutes=5.0, max_new_tokens=48),
+                 eval_every=100, eval_prompts=256, ckpt_every=100),
+    "smollm2": dict(steps=12, lr=5e-5, eval_every=6, ckpt_every=0, ckpt_minutes=5.0),
+    "gemma3": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0),
+    "custom": dict(steps=20, lr=5e-5, eval_every=5, ckpt_every=0, ckpt_minutes=5.0),
 }
 
 
 def pair_config(pair: str, **overrides) -> TrainConfig:
     """A TrainConfig with the pair's default settings (PAIR_DEFAULTS), then `overrides`."""
     d = dict(PAIR_DEFAULTS[pair])
-    rollout = RolloutConfig(max_new_tokens=d.pop("max_new_tokens"))
+    rollout = RolloutConfig(max_new_tokens=MAX_NEW_TOKENS[pair])  # models.py: the one source
     return TrainConfig(pair=pair, **{**d, "rollout": rollout, **overrides})
 
 
