@@ -373,11 +373,10 @@ def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
     return out
 
 
-def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
-    """How far the quality axis can be trusted. Paired loss SD: the pooled across-seed SD of quality_loss
-    over the configurations (not the baseline), i.e. training and evaluation noise together:
-        sd² = Σ_c Σ_s (loss_cs − mean_c)² / Σ_c (seeds_c − 1),     se = sd / √seeds,
-    the standard error of one configuration's mean paired loss. The tolerance should be ≥ 2·se."""
+def paired_loss_sd(points: list[dict]) -> float | None:
+    """The pooled across-seed SD of the paired quality loss over the configurations (not the baseline):
+        sd² = Σ_c Σ_s (loss_cs − mean_c)² / Σ_c (seeds_c − 1);
+    training and evaluation noise together. None without a configuration run on two seeds."""
     by: dict[str, list[float]] = {}
     for p in points:
         if p["source"] != "baseline":
@@ -385,7 +384,14 @@ def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float
     groups = [v for v in by.values() if len(v) > 1]
     dof = sum(len(v) - 1 for v in groups)
     ss = sum((x - sum(v) / len(v)) ** 2 for v in groups for x in v)
-    sd = math.sqrt(ss / dof) if dof else None
+    return math.sqrt(ss / dof) if dof else None
+
+
+def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
+    """How far the quality axis can be trusted: the evaluation's own noise (eval_noise) and the paired loss's
+    spread, whose standard error over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean
+    paired loss. The tolerance should be ≥ 2·se."""
+    sd = paired_loss_sd(points)
     se = sd / math.sqrt(seeds) if sd is not None else None
     base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
     return {

@@ -612,6 +612,20 @@ def async_table(result: dict) -> str:
 # report
 
 
+def noise_line(noise: dict | None) -> str:
+    """How far a budget's quality axis can be trusted (admit.quality_noise), in one sentence; "" if unrecorded."""
+    if not noise:
+        return ""
+    sds = ", ".join(f"{v['sd']:.3f} on {n} prompts" for n, v in noise["eval_sd_by_prompts"].items())
+    line = f"\nEvaluation noise (SD over {noise['eval_seeds']} evaluation seeds, one checkpoint): {sds}."
+    if noise["paired_loss_se"] is not None:
+        line += (
+            f" Paired quality loss: SD {noise['paired_loss_sd']:.3f} across seeds, SE {noise['paired_loss_se']:.3f}"
+            f" (tolerance = {noise['tolerance_over_se']:.1f} SE)."
+        )
+    return line + "\n"
+
+
 def report() -> Path:
     """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so."""
     parts = [
@@ -634,7 +648,7 @@ def report() -> Path:
                 f"({b['tolerance']['fraction']:.0%} of the baseline's "
                 f"{b['baseline']['improvement']:.3f}-nat improvement); "
                 f"{len(b['points'])} runs of {b['steps']} steps; "
-                f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"
+                f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n" + noise_line(b.get("noise"))
             )
     for path in sorted(RESULTS.glob("sensitivity_*.json")):
         s = json.loads(path.read_text())

@@ -3,13 +3,14 @@
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from admit import SCHEMA_VERSION, fit_budget, isotonic, verdict
+from admit import SCHEMA_VERSION, fit_budget, isotonic, paired_loss_sd, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +61,17 @@ def test_fit_edge_cases():
         fit_budget([0.1, 0.2], [0.3, 0.4], 0.05) | {}
         and fit_budget([0.1, 0.2], [0.3, 0.4], 0.05)["budget"] == 0.0
     )
+
+
+def test_paired_loss_sd_is_the_pooled_within_configuration_sd():
+    """Against statistics.variance per configuration, pooled by degrees of freedom; the baseline is left out."""
+    rng = random.Random(1)
+    losses = {"a": [rng.gauss(0, 1) for _ in range(2)], "b": [rng.gauss(3, 1) for _ in range(4)], "c": [0.5]}
+    points = [{"source": k, "quality_loss": x} for k, v in losses.items() for x in v]
+    points += [{"source": "baseline", "quality_loss": 0.0}] * 3
+    pooled = (statistics.variance(losses["a"]) * 1 + statistics.variance(losses["b"]) * 3) / 4
+    assert abs(paired_loss_sd(points) - pooled**0.5) < 1e-12
+    assert paired_loss_sd([{"source": "c", "quality_loss": 0.5}]) is None
 
 
 def test_check_never_admits_above_the_budget():
