@@ -613,7 +613,7 @@ def async_table(result: dict) -> str:
 
 
 def noise_line(noise: dict | None) -> str:
-    """How far a budget's quality axis can be trusted (admit.quality_noise), in one sentence; "" if unrecorded."""
+    """How far a budget's quality axis can be trusted (admit.quality_noise); "" if not recorded."""
     if not noise:
         return ""
     sds = ", ".join(f"{v['sd']:.3f} on {n} prompts" for n, v in noise["eval_sd_by_prompts"].items())
