@@ -620,8 +620,8 @@ def noise_line(noise: dict | None) -> str:
     line = f"\nEvaluation noise (SD over {noise['eval_seeds']} evaluation seeds, one checkpoint): {sds}."
     if noise["paired_loss_se"] is not None:
         line += (
-            f" Paired quality loss: SD {noise['paired_loss_sd']:.3f} across seeds, SE {noise['paired_loss_se']:.3f}"
-            f" (tolerance = {noise['tolerance_over_se']:.1f} SE)."
+            f" Paired quality loss: SD {noise['paired_loss_sd']:.3f} across seeds, "
+            f"SE {noise['paired_loss_se']:.3f} (tolerance = {noise['tolerance_over_se']:.1f} SE)."
         )
     return line + "\n"
 
