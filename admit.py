@@ -503,12 +503,18 @@ def what_it_buys(student, cfg: RolloutConfig) -> dict:
     }
 
 
+def beyond_lower_bound(budget: dict, m: dict) -> bool:
+    """True when the budget is only a lower bound and the whole CI lies above it: uncertain whatever more
+    probes show, so probing stops."""
+    return budget["how"] == "all-within" and m["ci_low"] > budget["budget"]
+
+
 def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
     """verdict() on a measurement, where a lower-bound budget ("all-within") can never reject."""
     decision = verdict(
         m["ci_low"], m["ci_high"], m["mismatch_kl"], budget=budget["budget"], n_probes=n, available=available
     )
-    if decision["verdict"] == "reject" and budget["how"] == "all-within":
+    if beyond_lower_bound(budget, m):  # verdict() said reject: lo > budget
         # No calibration point lost quality, so the budget is only a lower bound: beyond it we do not know.
         decision = {
             "verdict": "uncertain",
@@ -518,12 +524,6 @@ def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
             "calibrate with larger mismatch to decide",
         }
     return decision
-
-
-def beyond_lower_bound(budget: dict, m: dict) -> bool:
-    """True when the budget is only a lower bound and the whole CI lies above it: uncertain whatever more
-    probes show, so probing stops."""
-    return budget["how"] == "all-within" and m["ci_low"] > budget["budget"]
 
 
 def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, versions) -> tuple[dict, int, int]:

@@ -50,9 +50,8 @@ class RolloutConfig:
 
     temperature: float = 1.0  # 0 = greedy (argmax); 1 = the policy itself
     top_p: float = 1.0  # nucleus sampling; 1 = no truncation
-    max_new_tokens: int = MAX_NEW_TOKENS[
-        "custom"
-    ]  # response limit (EOS usually ends a row earlier); per pair
+    # response length limit (EOS usually ends a row earlier); each pair sets its own: models.MAX_NEW_TOKENS
+    max_new_tokens: int = MAX_NEW_TOKENS["custom"]
     seed: int = 0  # seeds the sampling generator when the caller passes none, and the weight noise
     ignore_eos: bool = False  # keep sampling past EOS (for benchmarks that need a fixed length)
     weights: str = (

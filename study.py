@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from admit import check, read_budget, short_run, study_config
 from cli import BadInput, NonFinite, Parser, fail, positive_int
+from experiments import block_skip
 from models import DEVICES, PAIRS, device_label, load_pair, resolve_device
 from runfiles import atomic_write_text, read_metrics
 from train import pair_config, run_or_resume
@@ -136,10 +137,7 @@ VALIDATION = {
         ("staleness 1", {"staleness": 1}),
         ("staleness 4", {"staleness": 4}),
         ("kv-fp8 + staleness 1", {"kv_cache": "fp8", "staleness": 1}),
-        (
-            "fp8 recipe",
-            {"weights": "fp8", "fp8_skip": ("lm_head", *(f"model.layers.{i}.*" for i in (0, 1, 2, 3, 23)))},
-        ),
+        ("fp8 recipe", {"weights": "fp8", "fp8_skip": block_skip(24, set(range(24)) - {0, 1, 2, 3, 23})}),
     ],
 }
 
