@@ -28,6 +28,7 @@ check      Measures a candidate configuration's canonical mismatch on held-out p
 import json
 import math
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -90,7 +91,9 @@ def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> di
     (interpolated where the fit crosses the tolerance), "all-within" (no point exceeds it: the budget is
     at least the largest mismatch tried) or "none-within" (even the smallest mismatch exceeds it).
     """
-    order = sorted(range(len(mismatch)), key=lambda i: mismatch[i])
+    # Ties in mismatch go largest loss first, so the fit pools them into one value whatever their input
+    # order (a bootstrap draw can take two seeds of a configuration whose probes measured the same).
+    order = sorted(range(len(mismatch)), key=lambda i: (mismatch[i], -loss[i]))
     xs, ys = [mismatch[i] for i in order], [loss[i] for i in order]
     fit = isotonic(ys)
     if fit[0] > tolerance:
@@ -101,6 +104,47 @@ def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> di
     x0, x1, f0, f1 = xs[j - 1], xs[j], fit[j - 1], fit[j]
     budget = x0 + (tolerance - f0) / (f1 - f0) * (x1 - x0) if f1 > f0 else x0
     return {"budget": budget, "how": "crossing", "x": xs, "fit": fit}
+
+
+BUDGET_CI_DRAWS = 2000  # bootstrap redraws of the calibration's seeds for the budget's interval
+
+
+def budget_ci(points: list[dict], fraction: float, draws: int = BUDGET_CI_DRAWS, seed: int = 0) -> dict:
+    """A 95% percentile bootstrap interval for the budget over the calibration's training seeds.
+
+    Each draw resamples, per configuration (source), its seeds with replacement, keeping every point's paired
+    quality loss and probe mismatch; the tolerance is recomputed from the resampled baselines as calibrate
+    computes it (fraction · (first baseline's eval_rkl_start − mean final eval_rkl)); fit_budget is refitted:
+        budget_b = fit_budget(mismatch_b, loss_b, tol_b)["budget"], b = 1..draws,
+    with "all-within" read as +inf (the budget lies beyond the largest mismatch tried) and "none-within" as 0.
+    lo, hi are the 2.5% and 97.5% quantiles, None where +inf. With few seeds (2: three distinct
+    resamples per configuration) the interval understates the spread: read it as a rough range.
+    """
+    rng = random.Random(seed)
+    start = points[0]["eval_rkl_start"]  # as calibrate's tolerance: the first baseline's step-0 evaluation
+    by: dict[str, list[dict]] = {}
+    for p in points:
+        by.setdefault(p["source"], []).append(p)
+    values = []
+    for _ in range(draws):
+        drawn = [rng.choice(group) for group in by.values() for _ in group]
+        base = [p for p in drawn if p["source"] == "baseline"]
+        improvement = start - statistics.fmean(p["eval_rkl"] for p in base)
+        fit = fit_budget(
+            [p["mismatch"] for p in drawn], [p["quality_loss"] for p in drawn], fraction * improvement
+        )
+        values.append(math.inf if fit["how"] == "all-within" else fit["budget"])
+    values.sort()
+    lo, hi = (values[min(draws - 1, int(q * draws))] for q in (0.025, 0.975))
+    return {
+        "level": 0.95,
+        "lo": None if math.isinf(lo) else lo,
+        "hi": None if math.isinf(hi) else hi,
+        "draws": draws,
+        "beyond_largest_mismatch": sum(map(math.isinf, values)) / draws,
+        "method": "percentile bootstrap over each configuration's seeds (paired losses kept, tolerance "
+        "refitted); None: above the largest mismatch tried",
+    }
 
 
 def verdict(
@@ -275,6 +319,7 @@ def calibrate(
         },
         "budget": fit["budget"],
         "how": fit["how"],
+        "budget_ci": budget_ci(points, tolerance) if seeds > 1 else None,
         "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
         "budget where the fit crosses the tolerance",
         "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
@@ -359,12 +404,29 @@ EVAL_SEEDS = 4  # evaluation seeds for the evaluation-noise measurement
 def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
     """The evaluation's own sampling noise: one finished run's final student evaluated with EVAL_SEEDS
     evaluation seeds (nothing else varies), on the demo's 16 held-out prompts and on the study's number.
-    Returns {prompts: {"eval_rkl": [...], "sd": SD}}."""
+    Returns {prompts: {"eval_rkl": [...], "sd": SD}}. Saved next to the run (eval_noise.json) and reused
+    while the checkpoint and the evaluation settings are the same, so re-fitting a finished calibration
+    does not evaluate again."""
+    cfg = study_config(pair_name, device=device)
+    key = {
+        "eval_seeds": EVAL_SEEDS,
+        "prompts": sorted({pair_config(pair_name).eval_prompts, cfg.eval_prompts}),
+        "checkpoint_mtime_ns": (run_dir / "checkpoint.pt").stat().st_mtime_ns,
+    }
+    path = run_dir / "eval_noise.json"
+    if path.is_file() and json.loads(path.read_text())["key"] == key:
+        return json.loads(path.read_text())["by_prompts"]
+    out = measure_eval_noise(pair_name, run_dir, cfg, prompts=key["prompts"], device=device)
+    atomic_write_text(path, json.dumps({"key": key, "by_prompts": out}, indent=1) + "\n")
+    return out
+
+
+def measure_eval_noise(pair_name: str, run_dir: Path, cfg, prompts: list[int], device: str) -> dict:
+    """eval_noise's measurement: the run's final student, EVAL_SEEDS evaluations per prompt count."""
     pair = load_pair(pair_name, device=device)
     pair.student.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt", device)["student"])
-    cfg = study_config(pair_name, device=device)
     out = {}
-    for n in sorted({pair_config(pair_name).eval_prompts, cfg.eval_prompts}):
+    for n in prompts:
         rkl = [
             evaluate(pair, replace(cfg, eval_prompts=n, seed=s), device)["eval_rkl"]
             for s in range(EVAL_SEEDS)

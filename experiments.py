@@ -91,7 +91,7 @@ def plot_sensitivity(result: dict, path, title: str) -> None:
     ax.bar(range(len(per_block)), per_block, color=colors)
     ax.set_xticks(range(len(per_block)))
     ax.set(
-        xlabel="decoder block quantized alone (red: kept high precision by the recipe)",
+        xlabel="decoder block quantized alone\n(red: kept in high precision by the recipe)",
         ylabel="KL(engine ‖ train), nats/token",
         title=title,
     )

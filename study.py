@@ -36,7 +36,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from admit import check, read_budget, short_run, study_config
+from admit import budget_ci, check, read_budget, short_run, study_config
 from cli import BadInput, NonFinite, Parser, fail, positive_int
 from experiments import block_skip
 from models import DEVICES, PAIRS, device_label, load_pair, resolve_device
@@ -624,6 +624,23 @@ def noise_line(noise: dict | None) -> str:
     return line + "\n"
 
 
+def ci_line(budget: dict) -> str:
+    """The budget's 95% seed-bootstrap interval: as recorded, or refitted from the recorded points when the
+    budget.json predates it (admit.budget_ci is a pure function of them); "" with one seed."""
+    if budget["how"] != "crossing" or budget.get("seeds", 2) < 2:
+        return ""
+    recorded = budget.get("budget_ci")
+    ci = recorded or budget_ci(budget["points"], budget["tolerance"]["fraction"])
+    source = "" if recorded else " (refitted here from the recorded points: the budget.json predates it)"
+    lo, hi = (
+        f"{v:.3g}" if v is not None else "beyond the largest mismatch tried" for v in (ci["lo"], ci["hi"])
+    )
+    return (
+        f"95% interval over training seeds (bootstrap, {ci['draws']} draws): [{lo}, {hi}]; "
+        f"{ci['beyond_largest_mismatch']:.0%} of draws do not cross the tolerance{source}.\n"
+    )
+
+
 def report() -> Path:
     """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so."""
     parts = [
@@ -646,7 +663,9 @@ def report() -> Path:
                 f"({b['tolerance']['fraction']:.0%} of the baseline's "
                 f"{b['baseline']['improvement']:.3f}-nat improvement); "
                 f"{len(b['points'])} runs of {b['steps']} steps; "
-                f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n" + noise_line(b.get("noise"))
+                f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"
+                + ci_line(b)
+                + noise_line(b.get("noise"))
             )
     for path in sorted(RESULTS.glob("sensitivity_*.json")):
         s = json.loads(path.read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from admit import SCHEMA_VERSION, fit_budget, isotonic, paired_loss_sd, verdict
+from admit import SCHEMA_VERSION, budget_ci, fit_budget, isotonic, paired_loss_sd, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +57,8 @@ def test_fit_is_robust_to_one_noisy_point():
 
 def test_fit_edge_cases():
     assert fit_budget([0.1, 0.2], [0.0, 0.01], 0.05)["how"] == "all-within"
+    for ys in ([0.0, 0.0, 0.08], [0.0, 0.08, 0.0]):  # tied mismatches are pooled in any input order
+        assert fit_budget([0.1, 0.2, 0.2], ys, 0.05)["how"] == "all-within"
     assert (
         fit_budget([0.1, 0.2], [0.3, 0.4], 0.05) | {}
         and fit_budget([0.1, 0.2], [0.3, 0.4], 0.05)["budget"] == 0.0
@@ -72,6 +74,36 @@ def test_paired_loss_sd_is_the_pooled_within_configuration_sd():
     pooled = (statistics.variance(losses["a"]) * 1 + statistics.variance(losses["b"]) * 3) / 4
     assert abs(paired_loss_sd(points) - pooled**0.5) < 1e-12
     assert paired_loss_sd([{"source": "c", "quality_loss": 0.5}]) is None
+
+
+def calibration_like(losses_by_seed: list[list[float]]) -> list[dict]:
+    """Points as calibrate writes them: a baseline (start 1.0, final 0.0: improvement 1) and one
+    configuration per knee_points x, with one paired loss per seed."""
+    xs = knee_points()[0]
+    points = [
+        {"source": "baseline", "mismatch": 0.0, "quality_loss": 0.0, "eval_rkl_start": 1.0, "eval_rkl": 0.0}
+        for _ in losses_by_seed
+    ]
+    for i, x in enumerate(xs):
+        points += [{"source": f"c{i}", "mismatch": x, "quality_loss": ys[i]} for ys in losses_by_seed]
+    return points
+
+
+def test_budget_ci_brackets_the_budget_and_collapses_without_seed_spread():
+    ys = knee_points()[1]
+    same = budget_ci(calibration_like([ys, ys]), 0.2, draws=200)
+    assert same["lo"] == same["hi"] == pytest.approx(fit_budget(knee_points()[0], ys, 0.2)["budget"])
+    ys2 = knee_points(knee=0.02)[1]  # the second seed breaks later
+    ci = budget_ci(calibration_like([ys, ys2]), 0.2, draws=400)
+    budgets = [fit_budget(knee_points()[0], y, 0.2)["budget"] for y in (ys, ys2)]
+    assert min(budgets) - 1e-12 <= ci["lo"] < ci["hi"] <= max(budgets) + 1e-12
+    # Only seed 1's last point exceeds the tolerance: a draw crosses only when it takes that point twice
+    # (1 in 4; once, it is pooled with seed 0's 0 at the same mismatch: 0.15); otherwise the budget lies
+    # beyond the largest mismatch tried.
+    flat = budget_ci(calibration_like([[0.0] * 16, [0.0] * 15 + [0.3]]), 0.2, draws=400)
+    assert flat["hi"] is None and flat["lo"] is not None, "all-within draws read as +inf"
+    assert 0.65 < flat["beyond_largest_mismatch"] < 0.85
+    json.dumps(flat, allow_nan=False)  # and stay valid JSON
 
 
 def test_check_never_admits_above_the_budget():
@@ -157,6 +189,8 @@ def test_calibrate_resumes_finished_runs(calibrated):
     before = (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text()
     probe = calibrated / "runs" / "noise_0.1-seed0" / "probe.json"
     probed = probe.stat().st_mtime_ns
+    noise = calibrated / "runs" / "baseline-seed0" / "eval_noise.json"
+    noised = noise.stat().st_mtime_ns
     result = cli(
         "calibrate",
         "--pair",
@@ -178,6 +212,7 @@ def test_calibrate_resumes_finished_runs(calibrated):
         "finished runs are reused, not redone"
     )
     assert probe.stat().st_mtime_ns == probed, "and so are their probe measurements"
+    assert noise.stat().st_mtime_ns == noised, "and the evaluation-noise measurement"
 
 
 def test_check_gives_a_verdict(calibrated):

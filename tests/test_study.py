@@ -45,6 +45,19 @@ def test_report_names_the_command_of_every_missing_result(tmp_path, monkeypatch)
         assert f"(not run yet: `{command}`)" in summary
 
 
+def test_report_gives_the_budget_interval_recorded_or_refitted_from_the_points():
+    import admit
+
+    budget = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
+    budget.pop("budget_ci", None)  # a budget.json written before the interval was recorded
+    ci = admit.budget_ci(budget["points"], budget["tolerance"]["fraction"])
+    assert ci["lo"] <= budget["budget"] <= ci["hi"]
+    assert f"[{ci['lo']:.3g}, {ci['hi']:.3g}]" in study.ci_line(budget)
+    recorded = {**budget, "budget_ci": {**ci, "hi": None}}
+    assert "beyond the largest mismatch tried]" in study.ci_line(recorded)
+    assert study.ci_line({**budget, "how": "all-within"}) == "", "a lower bound has no crossing to bracket"
+
+
 def test_validation_table_counts_agreement_on_decided_verdicts_only():
     rows = [
         {
