@@ -23,7 +23,7 @@ Finished runs are reused and killed ones resume (train.run_or_resume), so any co
     python study.py validate --pair tiny     # ~11 min on a 2-core CPU
     python study.py rl                       # ~15 min
     python study.py prefix                   # ~6 min
-    python study.py async                    # smollm2, ~25 min
+    python study.py async                    # smollm2, ~10 min
     python study.py report
 """
 
