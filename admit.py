@@ -40,7 +40,7 @@ import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from cli import BadInput, NonFinite, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
+from cli import EXPECTED, BadInput, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
 from dumps import read_dump
 from evaluate import evaluate
 from mismatch import bootstrap_ci, dump_estimate, measure_config
@@ -57,7 +57,7 @@ from models import (
 )
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from runfiles import atomic_write_text, load_checkpoint, run_seconds
+from runfiles import atomic_write_text, load_checkpoint, read_metrics, run_seconds
 from train import pair_config, run_or_resume, trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
@@ -114,7 +114,7 @@ def budget_ci(points: list[dict], fraction: float, draws: int = BUDGET_CI_DRAWS,
 
     Each draw resamples, per configuration (source), its seeds with replacement, keeping every point's paired
     quality loss and probe mismatch; the tolerance is recomputed from the resampled baselines as calibrate
-    computes it (fraction · (first baseline's eval_rkl_start − mean final eval_rkl)); fit_budget is refitted:
+    computes it, fraction · (first baseline's eval_rkl_start − mean final eval_rkl); then, refitted:
         budget_b = fit_budget(mismatch_b, loss_b, tol_b)["budget"], b = 1..draws,
     with "all-within" read as +inf (the budget lies beyond the largest mismatch tried) and "none-within" as 0.
     lo, hi are the 2.5% and 97.5% quantiles, None where +inf. With few seeds (2: three distinct
@@ -405,13 +405,14 @@ def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
     """The evaluation's own sampling noise: one finished run's final student evaluated with EVAL_SEEDS
     evaluation seeds (nothing else varies), on the demo's 16 held-out prompts and on the study's number.
     Returns {prompts: {"eval_rkl": [...], "sd": SD}}. Saved next to the run (eval_noise.json) and reused
-    while the checkpoint and the evaluation settings are the same, so re-fitting a finished calibration
-    does not evaluate again."""
+    while the run's last metrics line and the evaluation settings are the same, so re-fitting a finished
+    calibration neither evaluates again nor needs the checkpoint."""
     cfg = study_config(pair_name, device=device)
     key = {
         "eval_seeds": EVAL_SEEDS,
         "prompts": sorted({pair_config(pair_name).eval_prompts, cfg.eval_prompts}),
-        "checkpoint_mtime_ns": (run_dir / "checkpoint.pt").stat().st_mtime_ns,
+        # the run's last metrics line, not its checkpoint, which may have been deleted to free space
+        "run_final": read_metrics(run_dir / "metrics.jsonl", upto=sys.maxsize)[-1],
     }
     path = run_dir / "eval_noise.json"
     if path.is_file() and json.loads(path.read_text())["key"] == key:
@@ -784,7 +785,7 @@ def main(argv=None) -> None:
             cfg = rollout_config_from_args(args, max_new_tokens=n_new)
             result = check(budget, load_pair(args.pair, device=device), cfg, cap=args.probes, device=device)
             result["wall_seconds"] = process_seconds()
-    except (BadInput, NonFinite) as e:
+    except EXPECTED as e:
         fail(e)
     print(json.dumps(result, indent=2)) if args.json else print_check(result)
     sys.exit(VERDICT_EXIT[result["verdict"]])

@@ -6,8 +6,10 @@ output is created or changed:
     error: argument --lr: 'nan': expected a finite number > 0
 
 Exit codes: 0 done; 2 bad input (`BadInput`, or a value argparse refuses); 3 a run halted on a non-finite
-value (`NonFinite`: a NaN loss or gradient, or an engine whose weights or logits are not finite). `admit.py
-check` also exits 1 on a REJECT verdict and 4 on UNCERTAIN, so a CI job can gate on it.
+value (`NonFinite`: a NaN loss or gradient, or an engine whose weights or logits are not finite); 5 a file
+could not be written (`WriteFailed`: a full disk; the file's previous version is intact, so a run can resume
+once there is room). `admit.py check` also exits 1 on a REJECT verdict and 4 on UNCERTAIN, so a CI job can
+gate on it.
 
 Converters check one value each; flags with a fixed set of values use argparse `choices=`.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 logging.getLogger("torchao").setLevel(logging.ERROR)
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
-EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
+EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED = 2, 3, 5
 _IMPORTED = time.time()
 
 
@@ -38,6 +40,14 @@ class NonFinite(RuntimeError):
     """A NaN or infinity where training or sampling needs a number: one line, exit 3."""
 
 
+class WriteFailed(RuntimeError):
+    """A checkpoint or result could not be written (a full disk): one line, exit 5. The temporary file is
+    removed and the previous version stays as it was."""
+
+
+EXPECTED = (BadInput, NonFinite, WriteFailed)  # the errors every entry point reports as one line
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a refused value is one line on stderr (no usage block) and exit code 2."""
 
@@ -47,10 +57,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(error: Exception) -> None:
-    """Print a BadInput or NonFinite as one line and exit with its code."""
+    """Print one of the EXPECTED errors as one line and exit with its code."""
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     sys.stderr.write(f"error: {first_line}\n")
-    sys.exit(EXIT_NON_FINITE if isinstance(error, NonFinite) else EXIT_BAD_INPUT)
+    codes = {NonFinite: EXIT_NON_FINITE, WriteFailed: EXIT_WRITE_FAILED}
+    sys.exit(codes.get(type(error), EXIT_BAD_INPUT))
 
 
 def process_seconds() -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from cli import BadInput, NonFinite, Parser, fail, positive_float, positive_int
+from cli import EXPECTED, BadInput, Parser, fail, positive_float, positive_int
 from mismatch import DEFAULT_PROBES, PROBES, measure_config, measure_sources, print_results
 from models import DEVICES, MAX_NEW_TOKENS, PAIRS, device_label, format_prompt, load_pair, resolve_device
 from quant import FP8_WEIGHTS, kv_bytes_per_token
@@ -187,7 +187,7 @@ def main(argv=None) -> None:
     try:
         device = resolve_device(args.device)
         (run_sources if args.cmd == "sources" else run_sensitivity)(args, device)
-    except (BadInput, NonFinite) as e:
+    except EXPECTED as e:
         fail(e)
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from cli import BadInput, NonFinite, Parser, fail, positive_int
+from cli import EXPECTED, BadInput, Parser, fail, positive_int
 from dumps import Dump, write_dump
 from models import DEVICES, MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair, read_prompts, resolve_device
 from rollout import (
@@ -477,7 +477,7 @@ def main(argv=None) -> None:
             print(f"wrote {n} sequences of {results[-1]['source']} to {args.dump_out}", file=sys.stderr)
         for r in results:
             r.pop("scored", None)
-    except (BadInput, NonFinite) as e:
+    except EXPECTED as e:
         fail(e)
     print_results(results, args.pair, device, as_json=args.json)
 

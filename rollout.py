@@ -32,7 +32,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from cli import BadInput, NonFinite, Parser, fail, fraction, nonneg_float, nonneg_int, positive_int
+from cli import EXPECTED, BadInput, NonFinite, Parser, fail, fraction, nonneg_float, nonneg_int, positive_int
 from models import MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair
 from quant import AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, scales_from_amax
 
@@ -552,7 +552,7 @@ def main(argv=None) -> None:
         prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
         t0 = time.time()
         rollout = generate(pair.student, pair.tokenizer, prompts, cfg=cfg)
-    except (BadInput, NonFinite) as e:
+    except EXPECTED as e:
         fail(e)
     print(f"config: {asdict(cfg)}  ({time.time() - t0:.2f}s)")
     for p, r, lp, m in zip(

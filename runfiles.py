@@ -20,19 +20,31 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from cli import BadInput
+from cli import BadInput, WriteFailed
 
 
 def atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save to a temporary file, then rename: the old checkpoint or the new one, never half of one."""
+    _atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write to a temporary file, then rename: a reader sees the old file or the new one, never half of it."""
+    _atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _atomic(path: Path, write) -> None:
+    """write(tmp), then rename tmp over path. A failed write (a full disk: torch.save raises RuntimeError,
+    plain writes OSError) removes tmp, leaves path as it was, and raises WriteFailed naming the file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    try:
+        write(tmp)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WriteFailed(
+            f"could not write {path} ({reason}); its previous version is intact: free space and resume"
+        ) from e
     os.replace(tmp, path)
 
 

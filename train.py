@@ -36,7 +36,8 @@ import torch
 from tqdm import tqdm
 
 from batches import Batches, make_engine
-from cli import BadInput, NonFinite, Parser, fail, nonneg_float, nonneg_int, positive_float, positive_int
+from cli import (EXPECTED, BadInput, NonFinite, Parser, fail, nonneg_float, nonneg_int, positive_float,
+                 positive_int)
 from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from mismatch import prefix_shift_kl, rescored_token_kl
@@ -437,7 +438,7 @@ def main(argv=None) -> None:
     try:
         cfg = config_for(args)
         records = run(cfg, resume=args.resume)
-    except (BadInput, NonFinite) as e:
+    except EXPECTED as e:
         fail(e)
     print(f"{cfg.name}: {summary(records)}")
     print(f"wrote {Path(cfg.out_dir) / cfg.name}/metrics.jsonl, curves.png")

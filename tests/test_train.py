@@ -243,3 +243,39 @@ def test_a_second_process_on_a_live_run_folder_is_refused(tmp_path):
     third = cli("--name", "locked", "--resume", "--steps", "2", cwd=tmp_path)
     assert third.returncode == 0 and "taking over" in third.stderr, third.stderr[-2000:]
     assert not lock.exists(), "the lock is released at the end"
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_exit_5_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    """torch.save fails the way it does on a full disk (this happened to a calibration): the half-written
+    temporary file is removed, the previous checkpoint is kept, one line, exit 5; with room again the run
+    resumes to the end."""
+    import torch
+
+    import train
+
+    monkeypatch.chdir(tmp_path)
+    real_save, saves = torch.save, []
+
+    def disk_full_on_second_save(obj, f, *args, **kwargs):
+        saves.append(f)
+        if len(saves) == 2:
+            Path(f).write_bytes(b"half a checkpoint")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4532 vs 4531")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_on_second_save)
+    args = [*TINY, "--steps", "3", "--ckpt-every", "1", "--name", "full"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(args)
+    err = capsys.readouterr().err  # the progress bar's lines, then the error
+    line = err.strip().splitlines()[-1]
+    assert exit_info.value.code == 5 and line.startswith("error: could not write ") and "Traceback" not in err
+    run_dir = tmp_path / "runs" / "full"
+    assert not (run_dir / "checkpoint.pt.tmp").exists(), "the half-written file is removed"
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"] == 1, (
+        "the step-1 checkpoint stays"
+    )
+    monkeypatch.setattr(torch, "save", real_save)
+    train.main([*args, "--resume"])
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3], "step 2 is redone once, not logged twice"
