@@ -46,7 +46,6 @@ from evaluate import evaluate
 from mismatch import bootstrap_ci, dump_estimate, measure_config
 from models import (
     DEVICES,
-    MAX_NEW_TOKENS,
     PAIRS,
     cache_dir,
     device_label,
@@ -106,6 +105,20 @@ def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> di
     return {"budget": budget, "how": "crossing", "x": xs, "fit": fit}
 
 
+def by_source(points: list[dict]) -> dict[str, list[dict]]:
+    """The calibration points grouped by configuration (source), in order of first appearance."""
+    groups: dict[str, list[dict]] = {}
+    for p in points:
+        groups.setdefault(p["source"], []).append(p)
+    return groups
+
+
+def baseline_improvement(start: float, points: list[dict]) -> float:
+    """What the tolerance is a fraction of: start − the mean final eval reverse KL of the baseline points,
+    where start is the first baseline's step-0 evaluation."""
+    return start - statistics.fmean(p["eval_rkl"] for p in points if p["source"] == "baseline")
+
+
 BUDGET_CI_DRAWS = 2000  # bootstrap redraws of the calibration's seeds for the budget's interval
 
 
@@ -122,17 +135,12 @@ def budget_ci(points: list[dict], fraction: float, draws: int = BUDGET_CI_DRAWS,
     """
     rng = random.Random(seed)
     start = points[0]["eval_rkl_start"]  # as calibrate's tolerance: the first baseline's step-0 evaluation
-    by: dict[str, list[dict]] = {}
-    for p in points:
-        by.setdefault(p["source"], []).append(p)
+    groups = by_source(points).values()
     values = []
     for _ in range(draws):
-        drawn = [rng.choice(group) for group in by.values() for _ in group]
-        base = [p for p in drawn if p["source"] == "baseline"]
-        improvement = start - statistics.fmean(p["eval_rkl"] for p in base)
-        fit = fit_budget(
-            [p["mismatch"] for p in drawn], [p["quality_loss"] for p in drawn], fraction * improvement
-        )
+        drawn = [rng.choice(group) for group in groups for _ in group]
+        tol = fraction * baseline_improvement(start, drawn)
+        fit = fit_budget([p["mismatch"] for p in drawn], [p["quality_loss"] for p in drawn], tol)
         values.append(math.inf if fit["how"] == "all-within" else fit["budget"])
     values.sort()
     lo, hi = (values[min(draws - 1, int(q * draws))] for q in (0.025, 0.975))
@@ -256,7 +264,8 @@ def stale_versions(pair, k: int, device) -> tuple[list[dict], dict]:
     """The weights of versions 0..k for a stale candidate: k real OPD steps (the study's settings, seed 0) on
     a copy of the untrained student (train.trajectory). Cached in $OPD_CACHE/trajectories, so only the first
     check of a pair and k pays for the steps. Returns (versions, {"cached": bool, "seconds": ...})."""
-    over = {k: v for k, v in STUDY_TRAIN.get(pair.name, {}).items() if k != "eval_prompts"}  # not weights
+    # the study's training settings that shape the weights (the evaluation's prompt count does not)
+    over = {key: v for key, v in STUDY_TRAIN.get(pair.name, {}).items() if key != "eval_prompts"}
     tag = "-".join(f"{key}{value}" for key, value in sorted(over.items()))
     path = cache_dir() / "trajectories" / f"{pair.name}-{k}-{tag or 'defaults'}.pt"
     t0 = time.time()
@@ -295,8 +304,7 @@ def calibrate(
         pair, out, noise_grid, real=real, steps=steps, seeds=seeds, device=device, n_probes=n_probes
     )
     base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
-    base_final = sum(base.values()) / len(base)
-    improvement = points[0]["eval_rkl_start"] - base_final
+    improvement = baseline_improvement(points[0]["eval_rkl_start"], points)
     tol = tolerance * improvement
     for p in points:
         p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
@@ -314,7 +322,7 @@ def calibrate(
         },
         "baseline": {
             "eval_rkl_start": points[0]["eval_rkl_start"],
-            "eval_rkl_final": base_final,
+            "eval_rkl_final": statistics.fmean(base.values()),
             "improvement": improvement,
         },
         "budget": fit["budget"],
@@ -415,8 +423,9 @@ def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
         "run_final": read_metrics(run_dir / "metrics.jsonl", upto=sys.maxsize)[-1],
     }
     path = run_dir / "eval_noise.json"
-    if path.is_file() and json.loads(path.read_text())["key"] == key:
-        return json.loads(path.read_text())["by_prompts"]
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    if saved.get("key") == key:
+        return saved["by_prompts"]
     out = measure_eval_noise(pair_name, run_dir, cfg, prompts=key["prompts"], device=device)
     atomic_write_text(path, json.dumps({"key": key, "by_prompts": out}, indent=1) + "\n")
     return out
@@ -440,11 +449,8 @@ def paired_loss_sd(points: list[dict]) -> float | None:
     """The pooled across-seed SD of the paired quality loss over the configurations (not the baseline):
         sd² = Σ_c Σ_s (loss_cs − mean_c)² / Σ_c (seeds_c − 1);
     training and evaluation noise together. None without a configuration run on two seeds."""
-    by: dict[str, list[float]] = {}
-    for p in points:
-        if p["source"] != "baseline":
-            by.setdefault(p["source"], []).append(p["quality_loss"])
-    groups = [v for v in by.values() if len(v) > 1]
+    losses = [[p["quality_loss"] for p in g] for s, g in by_source(points).items() if s != "baseline"]
+    groups = [v for v in losses if len(v) > 1]
     dof = sum(len(v) - 1 for v in groups)
     ss = sum((x - sum(v) / len(v)) ** 2 for v in groups for x in v)
     return math.sqrt(ss / dof) if dof else None
@@ -781,8 +787,7 @@ def main(argv=None) -> None:
         if args.dump:
             result = check_dump(budget, Path(args.dump))
         else:
-            n_new = args.max_new_tokens or MAX_NEW_TOKENS[args.pair]
-            cfg = rollout_config_from_args(args, max_new_tokens=n_new)
+            cfg = rollout_config_from_args(args, pair=args.pair)
             result = check(budget, load_pair(args.pair, device=device), cfg, cap=args.probes, device=device)
             result["wall_seconds"] = process_seconds()
     except EXPECTED as e:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from cli import EXPECTED, BadInput, Parser, fail, positive_float, positive_int
 from mismatch import DEFAULT_PROBES, PROBES, measure_config, measure_sources, print_results
-from models import DEVICES, MAX_NEW_TOKENS, PAIRS, device_label, format_prompt, load_pair, resolve_device
+from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
 from quant import FP8_WEIGHTS, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
 from train import trajectory
@@ -170,8 +170,7 @@ def run_sensitivity(args, device: str) -> None:
 
 
 def run_sources(args, device: str) -> None:
-    n_new = args.max_new_tokens or MAX_NEW_TOKENS[args.pair]
-    cfg = rollout_config_from_args(args, max_new_tokens=n_new)
+    cfg = rollout_config_from_args(args, pair=args.pair)
     pair = load_pair(args.pair, device=device)
     probes = [
         format_prompt(pair.tokenizer, p.text)

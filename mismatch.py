@@ -51,7 +51,7 @@ from tqdm import tqdm
 
 from cli import EXPECTED, BadInput, Parser, fail, positive_int
 from dumps import Dump, write_dump
-from models import DEVICES, MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair, read_prompts, resolve_device
+from models import DEVICES, PAIRS, format_prompt, load_pair, read_prompts, resolve_device
 from rollout import (
     RolloutConfig,
     RolloutEngine,
@@ -463,11 +463,15 @@ def main(argv=None) -> None:
             )
         check_out_file(args.dump_out, "--dump-out")
         device = resolve_device(args.device)
-        n_new = args.max_new_tokens or MAX_NEW_TOKENS[args.pair]
-        cfg = rollout_config_from_args(args, max_new_tokens=n_new)
+        cfg = rollout_config_from_args(args, pair=args.pair)
         pair = load_pair(args.pair, device=device)
         probes = probe_prompts(pair, args)
-        rows = [("control: engine = trainer", replace(RolloutConfig(), max_new_tokens=n_new, seed=args.seed))]
+        rows = [
+            (
+                "control: engine = trainer",
+                replace(RolloutConfig(), max_new_tokens=cfg.max_new_tokens, seed=args.seed),
+            )
+        ]
         rows = rows if args.control else sources(cfg)
         results = []
         for name, row in tqdm(rows, desc="sources", disable=args.json or len(rows) < 2):

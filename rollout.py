@@ -506,13 +506,14 @@ def add_rollout_args(g, sampling: bool = True) -> None:
     )
 
 
-def rollout_config_from_args(args, max_new_tokens: int) -> RolloutConfig:
-    """A RolloutConfig from the add_rollout_args flags (temperature 1 and top-p 1 where they are absent)."""
+def rollout_config_from_args(args, pair: str) -> RolloutConfig:
+    """A RolloutConfig from the add_rollout_args flags (temperature 1 and top-p 1 where they are absent); the
+    response length is --max-new-tokens when given, else the pair's (models.MAX_NEW_TOKENS)."""
     d = RolloutConfig()
     return RolloutConfig(
         temperature=getattr(args, "temperature", d.temperature),
         top_p=getattr(args, "top_p", d.top_p),
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS[pair],
         seed=args.seed,
         weights=args.weights,
         fp8_skip=tuple(p for p in args.fp8_skip.split(",") if p),

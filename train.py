@@ -391,8 +391,7 @@ def config_from_args(args) -> TrainConfig:
     given.update(pair=pair, name=args.name or f"{pair}-{time.strftime('%Y%m%d-%H%M%S')}")
     given.pop("rollout", None)
     cfg = replace(cfg, **given)
-    n_new = args.max_new_tokens or cfg.rollout.max_new_tokens
-    cfg.rollout = rollout_config_from_args(args, max_new_tokens=n_new)
+    cfg.rollout = rollout_config_from_args(args, pair=pair)
     if cfg.tis_cap > 0 and cfg.loss == "analytic":
         raise BadInput(f"--tis-cap {cfg.tis_cap:g}: applies to --loss sampled or grpo only (the analytic "
                        "loss sums "
