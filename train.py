@@ -8,7 +8,7 @@ One step (see loss.py for the formulas):
        the loss is the per-token reverse KL (analytic, or sampled-token with optional TIS; or --loss grpo,
        the RL baseline of rl.py, through the same engine and batches);
     3. from the same student logits, detached: the one scale, KL(π_engine ‖ π_train) per token, logged as
-       `mismatch_kl`, and its prefix-shift part (mismatch.prefix_shift_kl) as `prefix_kl`;
+       `mismatch_kl`, and its prefix-shift part (kl.prefix_shift_kl) as `prefix_kl`;
     4. a non-finite loss or gradient stops the run before the update (exit 3): checkpoint and metrics stay
        as they were after the last good step.
 
@@ -40,7 +40,8 @@ from cli import (EXPECTED, BadInput, NonFinite, Parser, fail, nonneg_float, nonn
                  positive_int)
 from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
-from mismatch import prefix_shift_kl, rescored_token_kl
+from kl import prefix_shift_kl
+from mismatch import rescored_token_kl
 from models import DEVICES, MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair, resolve_device
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
@@ -293,7 +294,7 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
 
 def run_or_resume(cfg: TrainConfig) -> list[dict]:
     """The records of run cfg.name: reused when it finished, resumed when it was killed, else run (quietly).
-    How the experiments (admit.py, study.py) reuse their finished runs."""
+    How the experiments (admit.py, the study) reuse their finished runs."""
     metrics_path = Path(cfg.out_dir) / cfg.name / "metrics.jsonl"
     records = read_metrics(metrics_path, upto=cfg.steps)
     if records and records[-1]["step"] == cfg.steps:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from admit import SCHEMA_VERSION, budget_ci, fit_budget, isotonic, paired_loss_sd, verdict
+from admit import SCHEMA_VERSION, verdict
+from calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,9 +128,9 @@ def test_uncertain_estimates_extra_probes():
     assert v["verdict"] == "uncertain" and v["extra_probes"] == 64 * 16 - 64  # half-width 0.2 vs gap 0.05
 
 
-def cli(*args, cwd):
+def cli(*args, cwd, script="admit.py"):
     return subprocess.run(
-        [sys.executable, str(ROOT / "admit.py"), *args],
+        [sys.executable, str(ROOT / script), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -138,11 +139,14 @@ def cli(*args, cwd):
     )
 
 
+def calibrate_cli(*args, cwd):
+    return cli(*args, cwd=cwd, script="calibrate.py")
+
+
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     out = tmp_path_factory.mktemp("cal") / "tiny"
-    result = cli(
-        "calibrate",
+    result = calibrate_cli(
         "--pair",
         "tiny",
         "--out",
@@ -193,8 +197,7 @@ def test_calibrate_resumes_finished_runs(calibrated):
     noised = noise.stat().st_mtime_ns
     for checkpoint in (calibrated / "runs").glob("*/checkpoint.pt"):
         checkpoint.unlink()  # as the README suggests, to reclaim space: finished runs need only their metrics
-    result = cli(
-        "calibrate",
+    result = calibrate_cli(
         "--pair",
         "tiny",
         "--out",
@@ -248,7 +251,8 @@ def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
     import torch
 
     from dumps import read_dump, write_dump
-    from mismatch import dump_estimate, measure_config
+    from kl import dump_estimate
+    from mismatch import measure_config
     from models import format_prompt
     from rollout import RolloutConfig
 

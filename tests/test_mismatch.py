@@ -4,7 +4,8 @@ import pytest
 import torch
 from conftest import assert_close
 
-from mismatch import bootstrap_ci, measure, sampled_token_metrics
+from kl import bootstrap_ci, sampled_token_metrics
+from mismatch import measure
 from models import format_prompt
 from rollout import RolloutConfig, RolloutEngine, generate
 
@@ -121,13 +122,15 @@ def run_cli(script, *args, cwd=None):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
+    module = script.startswith("-m ")
+    command = [sys.executable, *script.split()] if module else [sys.executable, str(root / script)]
     return subprocess.run(
-        [sys.executable, str(root / script), *args],
+        [*command, *args],
         cwd=cwd or root,
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)},
     )
 
 
@@ -147,7 +150,7 @@ def test_mismatch_cli_json_has_each_source_and_combined():
         "1",
         "--json",
     )
-    result = run_cli("experiments.py", "sources", *args)
+    result = run_cli("-m study", "sources", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(result.stdout)["rows"]
     assert [r["source"] for r in rows] == ["weights fp8", "staleness 1", "noise 0.01", "combined"]
@@ -173,7 +176,7 @@ def test_sensitivity_cli_writes_ranking_and_plot(tmp_path):
     import json
 
     result = run_cli(
-        "experiments.py",
+        "-m study",
         "sensitivity",
         "--pair",
         "tiny",
@@ -220,7 +223,7 @@ def test_rescored_token_kl_equals_direct_full_forward(tiny_pair):
 
 
 def test_prefix_shift_kl_is_the_running_sum_of_earlier_token_kls(tiny_pair):
-    from mismatch import prefix_shift_kl
+    from kl import prefix_shift_kl
 
     rollout = generate(
         tiny_pair.student,

@@ -1,9 +1,10 @@
-"""study.py's pure parts: time to quality, the modeled GPU projection, and the report."""
+"""The study's pure parts: time to quality, the modeled GPU projection, and the report."""
 
 import json
 from pathlib import Path
 
-import study
+from study import report as study_report
+from study import time_to_quality, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,16 +17,16 @@ def test_time_to_quality_counts_training_seconds_up_to_the_first_eval_at_target(
         {"step": 3, "seconds": 9.0},
         {"step": 4, "seconds": 11.0, "eval_rkl": 1.0},
     ]
-    assert study.time_to_quality(records, target=2.0) == (2, 22.0)
-    assert study.time_to_quality(records, target=1.5) == (4, 42.0)
-    assert study.time_to_quality(records, target=0.5) == (None, None)
-    assert study.time_to_quality(records, target=3.5) == (2, 22.0)  # step 0 (untrained) never counts
+    assert time_to_quality.time_to_quality(records, target=2.0) == (2, 22.0)
+    assert time_to_quality.time_to_quality(records, target=1.5) == (4, 42.0)
+    assert time_to_quality.time_to_quality(records, target=0.5) == (None, None)
+    assert time_to_quality.time_to_quality(records, target=3.5) == (2, 22.0)  # step 0 (untrained) never counts
 
 
 def test_modeled_gpu_projection():
-    m = study.modeled_gpu(0.5, 0.5)
+    m = time_to_quality.modeled_gpu(0.5, 0.5)
     assert m == {"sync bf16": 1.0, "async bf16": 0.5, "sync fp8": 0.75, "async fp8": 0.5}
-    m = study.modeled_gpu(0.9, 0.5)  # generation-bound: async hides training, FP8 halves generation
+    m = time_to_quality.modeled_gpu(0.9, 0.5)  # generation-bound: async hides training, FP8 halves generation
     assert (
         abs(m["async bf16"] - 0.9) < 1e-12
         and abs(m["async fp8"] - 0.45) < 1e-12
@@ -35,27 +36,27 @@ def test_modeled_gpu_projection():
 
 def test_report_names_the_command_of_every_missing_result(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    summary = study.report().read_text()
+    summary = study_report.report().read_text()
     for command in (
-        "python study.py validate --pair tiny",
-        "python study.py rl",
-        "python study.py prefix",
-        "python study.py async",
+        "python -m study validate --pair tiny",
+        "python -m study rl",
+        "python -m study prefix",
+        "python -m study async",
     ):
         assert f"(not run yet: `{command}`)" in summary
 
 
 def test_report_gives_the_budget_interval_recorded_or_refitted_from_the_points():
-    import admit
+    import calibrate
 
     budget = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
     budget.pop("budget_ci", None)  # a budget.json written before the interval was recorded
-    ci = admit.budget_ci(budget["points"], budget["tolerance"]["fraction"])
+    ci = calibrate.budget_ci(budget["points"], budget["tolerance"]["fraction"])
     assert ci["lo"] <= budget["budget"] <= ci["hi"]
-    assert f"[{ci['lo']:.3g}, {ci['hi']:.3g}]" in study.ci_line(budget)
+    assert f"[{ci['lo']:.3g}, {ci['hi']:.3g}]" in study_report.ci_line(budget)
     recorded = {**budget, "budget_ci": {**ci, "hi": None}}
-    assert "beyond the largest mismatch tried]" in study.ci_line(recorded)
-    assert study.ci_line({**budget, "how": "all-within"}) == "", "a lower bound has no crossing to bracket"
+    assert "beyond the largest mismatch tried]" in study_report.ci_line(recorded)
+    assert study_report.ci_line({**budget, "how": "all-within"}) == "", "a lower bound has no crossing to bracket"
 
 
 def test_validation_table_counts_agreement_on_decided_verdicts_only():
@@ -102,7 +103,7 @@ def test_validation_table_counts_agreement_on_decided_verdicts_only():
         "seeds": 2,
         "device": "CPU",
     }
-    table = study.validation_table(json.loads(json.dumps(result)))
+    table = validate.validation_table(json.loads(json.dumps(result)))
     assert "agreement on decided verdicts: 100% (2 of 3 decided)" in table
     assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(
         rows

@@ -1,15 +1,8 @@
-"""Experiments that run real steps to measure: each mismatch source on the one scale (staleness included),
-and per-block FP8 sensitivity with a greedy skip recipe.
+"""sensitivity: one decoder block of the student in FP8 at a time, everything else in high precision, then a
+greedy recipe: quantize every block and keep the most sensitive ones in high precision, in ranking order,
+until the mismatch falls under a target (default: half of all-FP8).
 
-sources      every source of a rollout configuration alone, then combined, each on held-out probes against
-             the trainer's current policy (mismatch.measure_config). A stale engine serves the weights of k
-             real OPD steps ago (train.trajectory: the pair's defaults, seed 0, from the untrained student).
-sensitivity  one decoder block of the student in FP8 at a time, everything else in high precision, then a
-             greedy recipe: quantize every block and keep the most sensitive ones in high precision, in
-             ranking order, until the mismatch falls under a target (default: half of all-FP8).
-
-    python experiments.py sources --pair smollm2 --weights fp8 --kv-cache fp8 --staleness 2 --noise 0.01
-    python experiments.py sensitivity --pair smollm2 --probes 8 --max-new-tokens 24
+    python -m study sensitivity --pair smollm2 --probes 8 --max-new-tokens 24
 """
 
 import json
@@ -19,12 +12,11 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from cli import EXPECTED, BadInput, Parser, fail, positive_float, positive_int
-from mismatch import DEFAULT_PROBES, PROBES, measure_config, measure_sources, print_results
-from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
-from quant import FP8_WEIGHTS, kv_bytes_per_token
-from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from train import trajectory
+from cli import BadInput
+from mismatch import measure_config
+from models import device_label, format_prompt, load_pair
+from quant import kv_bytes_per_token
+from rollout import RolloutConfig
 
 
 def block_skip(n_layers: int, quantized: set[int]) -> tuple:
@@ -99,40 +91,6 @@ def plot_sensitivity(result: dict, path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def build_parser() -> Parser:
-    parser = Parser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    src = sub.add_parser("sources", help="each mismatch source alone and combined, staleness included")
-    src.add_argument(
-        "--probes",
-        type=positive_int,
-        help=f"held-out probes (default: {PROBES['tiny']} tiny, {DEFAULT_PROBES} others)",
-    )
-    src.add_argument("--json", action="store_true", help="print JSON rows")
-    src.add_argument(
-        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
-    )
-    add_rollout_args(src.add_argument_group("rollout engine"), sampling=False)
-    sens = sub.add_parser(
-        "sensitivity", help="FP8 one decoder block at a time; ranking, bar plot, greedy recipe"
-    )
-    sens.add_argument("--weights", default="fp8", choices=FP8_WEIGHTS, help="(default: %(default)s)")
-    sens.add_argument(
-        "--probes", type=positive_int, default=16, help="held-out probes (default: %(default)s)"
-    )
-    sens.add_argument(
-        "--max-new-tokens", type=positive_int, default=32, help="probe response length (default: %(default)s)"
-    )
-    sens.add_argument(
-        "--target", type=positive_float, help="recipe target mismatch (default: half the all-FP8 one)"
-    )
-    sens.add_argument("--out", default="results", help="folder for the plot and JSON (default: %(default)s)")
-    for sp in (src, sens):
-        sp.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
-        sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
-    return parser
-
-
 def run_sensitivity(args, device: str) -> None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -167,28 +125,3 @@ def run_sensitivity(args, device: str) -> None:
         f"{result['recipe_mismatch']:.3e} (target {result['target']:.3e}); "
         f"{result['kept_fraction_of_block_weights']:.0%} of block weights kept"
     )
-
-
-def run_sources(args, device: str) -> None:
-    cfg = rollout_config_from_args(args, pair=args.pair)
-    pair = load_pair(args.pair, device=device)
-    probes = [
-        format_prompt(pair.tokenizer, p.text)
-        for p in pair.eval_prompts[: args.probes or PROBES.get(args.pair, DEFAULT_PROBES)]
-    ]
-    versions = trajectory(pair, cfg.staleness, device) if cfg.staleness else None
-    results = measure_sources(pair, cfg, probes, versions=versions, progress=not args.json)
-    print_results(results, args.pair, device, as_json=args.json)
-
-
-def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-        (run_sources if args.cmd == "sources" else run_sensitivity)(args, device)
-    except EXPECTED as e:
-        fail(e)
-
-
-if __name__ == "__main__":
-    main()

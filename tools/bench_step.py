@@ -10,7 +10,7 @@ driven by a TrainerCallback), the first `--warmup` of each are excluded, and the
 TRL is a benchmark-only dependency (requirements-bench.txt; it leaves torch and transformers as pinned):
 
     pip install -r requirements-bench.txt
-    python bench_step.py                 # 6 steps each, about 4 minutes on a 2-core CPU
+    python -m tools.bench_step                 # 6 steps each, about 4 minutes on a 2-core CPU
 """
 
 import copy

@@ -10,9 +10,9 @@ default         ours vs Hugging Face `generate`: same model (a pair's student, f
 
 This is a benchmark, not a test: the ratio depends on the machine and on what else runs on it.
 
-    python bench_sampler.py                                  # smollm2 student, batch 4, 64 new tokens
-    python bench_sampler.py --pair tiny --batch 64 --new-tokens 6
-    python bench_sampler.py --kv-cache fp8 --new-tokens 256
+    python -m tools.bench_sampler                                  # smollm2 student, batch 4, 64 new tokens
+    python -m tools.bench_sampler --pair tiny --batch 64 --new-tokens 6
+    python -m tools.bench_sampler --kv-cache fp8 --new-tokens 256
 """
 
 import statistics

@@ -4,7 +4,7 @@ student trained only until it starts to solve problems, so OPD has room to impro
 Plain supervised next-token cross-entropy on the answers; both models are saved with the tokenizer under
 `pairs/tiny/` (the committed files). This is the only place besides train.py that changes weights.
 
-    python build_tiny.py            # about 15 min on a 2-core CPU; rewrites pairs/tiny/
+    python -m tools.build_tiny            # about 15 min on a 2-core CPU; rewrites pairs/tiny/
 """
 
 import json

@@ -1,0 +1,160 @@
+"""The formulas of the one scale: pure functions of log-probs and distributions, no model, no engine, no CLI.
+
+The canonical scale (nats per token):
+
+    mismatch_kl = mean over response tokens t of  KL(π_engine(·|x_<t) ‖ π_train(·|x_<t))
+                = mean_t Σ_v π_e(v|x_<t) (log π_e(v|x_<t) − log π_t(v|x_<t)),
+
+taken on the engine's own samples, over the full vocabulary, in float64 (token_kl). From the sampled
+tokens alone (what dumps from other systems give), with r_t = log π_e(y_t|x_<t) − log π_t(y_t|x_<t) and
+ρ_t = π_t(y_t)/π_e(y_t) = e^{−r_t}: k1 = mean r_t, k3 = mean (ρ_t − 1) − log ρ_t (sampled_token_metrics,
+dump_estimate); the prefix-shift part (prefix_shift_kl); a sequence-bootstrap interval (bootstrap_ci).
+mismatch.py measures engines with these; loss.py logs them beside the loss; admit.py judges dumps with them.
+"""
+
+import torch
+
+from dumps import Dump
+
+
+def token_kl(engine_logits_N_V: torch.Tensor, train_logits_N_V: torch.Tensor) -> torch.Tensor:
+    """Exact KL(π_e ‖ π_t) at N positions from the two sides' logits, in float64: kl_N.
+
+    float64 because the KL of close policies is a small difference of large terms: in fp32 the rounding of
+    each row's log-sum-exp alone (~1e-7 relative) moves a 1e-4 KL by 0.1%.
+    """
+    logp_e_N_V = torch.log_softmax(engine_logits_N_V.double(), -1)
+    logp_t_N_V = torch.log_softmax(train_logits_N_V.double(), -1)
+    return (logp_e_N_V.exp() * (logp_e_N_V - logp_t_N_V)).sum(-1)
+
+
+def prefix_shift_kl(kl_N: torch.Tensor, rollout) -> torch.Tensor:
+    """The prefix-shift part of the mismatch at every response token: KL between the engine's and the
+    trainer's distributions of the response prefix y_<t (kl_N: exact per-token KLs, row-major order).
+
+    By the chain rule of KL,  KL(P_engine(y_<t) ‖ P_train(y_<t)) = E_engine[Σ_{τ<t} KL_τ],  so the running
+    sum of the earlier tokens' exact KLs on an engine sample estimates it without bias. The per-token part
+    at t is KL_t itself: TIS can reweight the token drawn at t, but not the prefix it was drawn after.
+    """
+    target_B_T = rollout.response_mask[:, 1:].bool()
+    kl_B_T = torch.zeros(target_B_T.shape, dtype=kl_N.dtype, device=kl_N.device).masked_scatter(
+        target_B_T, kl_N
+    )
+    return (kl_B_T.cumsum(1) - kl_B_T)[target_B_T]  # exclusive running sum along each response
+
+
+def sampled_token_metrics(
+    logp_engine_N: torch.Tensor, logp_train_N: torch.Tensor, seq_id_N: torch.Tensor
+) -> dict:
+    """k1, k3, |Δp|, χ², IS-ratio statistics, ESS and the prefix-shift numbers (see the module docstring)."""
+    r = (logp_engine_N - logp_train_N).double()
+    rho = torch.exp(-r)
+    n_seq = int(seq_id_N.max()) + 1 if len(seq_id_N) else 0
+    seq_sum = torch.zeros(n_seq, dtype=r.dtype).index_add_(0, seq_id_N, r)
+    seq_len = torch.zeros(n_seq, dtype=r.dtype).index_add_(0, seq_id_N, torch.ones_like(r))
+    seq_w = torch.exp(-(seq_sum - seq_sum.min()))  # shifted for stability; ESS is scale-free
+    dp = (logp_engine_N.exp() - logp_train_N.exp()).abs()
+    return {
+        "k1": r.mean().item(),
+        "k3": (rho - 1 - torch.log(rho)).mean().item(),
+        "dp_mean": dp.mean().item(),
+        "dp_max": dp.max().item(),
+        "dlogp_mean": r.abs().mean().item(),
+        "chi2": ((rho - 1) ** 2).mean().item(),
+        "ratio_mean": rho.mean().item(),
+        "ratio_std": rho.std().item() if len(rho) > 1 else 0.0,
+        "ratio_min": rho.min().item(),
+        "ratio_max": rho.max().item(),
+        "ess": (rho.sum() ** 2 / (len(rho) * (rho**2).sum())).item(),
+        "logppl_diff": (seq_sum / seq_len).mean().item(),
+        "seq_kl": seq_sum.mean().item(),
+        "seq_ess": (seq_w.sum() ** 2 / (n_seq * (seq_w**2).sum())).item(),
+    }
+
+
+def bootstrap_ci(
+    kl_N: torch.Tensor,
+    seq_id_N: torch.Tensor,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+    group_of_seq: torch.Tensor | None = None,
+):
+    """Confidence interval of the token-mean KL, resampling whole sequences (prompts) with replacement.
+
+    Resampling sequences, not tokens, because tokens of one response are correlated. group_of_seq [S]: the
+    group (a weight-noise draw) of each sequence; with two or more groups the resampling is two-stage (draws,
+    then sequences within each drawn one), so the spread between draws is inside the interval too.
+    """
+    n_seq = int(seq_id_N.max()) + 1
+    seq_sum = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_N, kl_N.double())
+    seq_len = torch.zeros(n_seq, dtype=torch.float64).index_add_(
+        0, seq_id_N, torch.ones_like(kl_N, dtype=torch.float64)
+    )
+    g = torch.Generator().manual_seed(seed)
+    if group_of_seq is None or int(group_of_seq.max()) == 0:
+        idx_R_S = torch.randint(n_seq, (n_boot, n_seq), generator=g)
+        means_R = seq_sum[idx_R_S].sum(1) / seq_len[idx_R_S].sum(1)
+    else:
+        members = [torch.nonzero(group_of_seq == k).squeeze(-1) for k in range(int(group_of_seq.max()) + 1)]
+        means = []
+        for row in torch.randint(len(members), (n_boot, len(members)), generator=g).tolist():
+            # groups differ in size, so each replicate is assembled on its own
+            idx_S = torch.cat(
+                [members[k][torch.randint(len(members[k]), (len(members[k]),), generator=g)] for k in row]
+            )
+            means.append(seq_sum[idx_S].sum() / seq_len[idx_S].sum())
+        means_R = torch.stack(means)
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.quantile(means_R, q).tolist()
+    return lo, hi
+
+
+def topk_token_kl(d: Dump) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token estimate and lower bound of KL(π_e ‖ π_t) from a dump with top-k log-probs of both sides.
+
+    With S the engine's top-k set at a position, m_e = 1 − Σ_S p_e and m_t = 1 − Σ_S p_t the tail masses:
+        KL_t = Σ_S p_e log(p_e/p_t) + Σ_{v∉S} p_e log(p_e/p_t),   and the tail sum equals
+               Σ_{v∉S} p_e k3(v) − (m_t − m_e),   k3(v) = ρ_v − 1 − log ρ_v, ρ_v = p_t(v)/p_e(v).
+    The sampled token y ~ π_e gives 1[y∉S]·k3(y), an unbiased estimate of Σ_{v∉S} p_e k3, so
+        est_t   = Σ_S p_e (log p_e − log p_t) − (m_t − m_e) + 1[y∉S]·k3(y)
+    is unbiased, exact when S holds all of the engine's mass, and random only through tail samples.
+        lower_t = Σ_S p_e (log p_e − log p_t) + m_e log(m_e / m_t)  <= KL_t   (log-sum inequality)
+    needs no sampling at all. Returns (est_R, lower_R), float64.
+    """
+    p_e_R_K, p_t_R_K = d.top_engine_R_K.exp(), d.top_train_R_K.exp()
+    filled_R_K = torch.isfinite(d.top_engine_R_K)
+    diff_R_K = torch.where(filled_R_K, d.top_engine_R_K - d.top_train_R_K, torch.zeros_like(p_e_R_K))
+    head_R = (p_e_R_K * diff_R_K).sum(-1)
+    m_e_R = (1 - p_e_R_K.sum(-1)).clamp(min=0.0)
+    m_t_R = (1 - p_t_R_K.sum(-1)).clamp(min=1e-300)
+    rho_R = torch.exp(d.train_R - d.engine_R)
+    k3_R = rho_R - 1 - torch.log(rho_R)
+    est_R = head_R - (m_t_R - m_e_R) + torch.where(d.in_top_R, torch.zeros_like(k3_R), k3_R)
+    lower_R = head_R + torch.where(
+        m_e_R > 0, m_e_R * torch.log(m_e_R.clamp(min=1e-300) / m_t_R), torch.zeros_like(m_e_R)
+    )
+    return est_R, lower_R
+
+
+def dump_estimate(d: Dump, seed: int = 0) -> dict:
+    """The one scale from another system's dump: k3 per token (E[k3] under engine samples = the exact KL), or
+    the top-k estimate when both sides logged top-k log-probs; a sequence-bootstrap CI; the metrics beside."""
+    rho_R = torch.exp(d.train_R - d.engine_R)
+    est_R, extra = rho_R - 1 - torch.log(rho_R), {"estimator": "k3"}
+    if d.top_engine_R_K is not None:
+        est_R, lower_R = topk_token_kl(d)
+        extra = {
+            "estimator": f"top-{d.top_engine_R_K.shape[1]} + k3 tail",
+            "kl_lower_bound": lower_R.mean().item(),
+        }
+    lo, hi = bootstrap_ci(est_R, d.seq_id_R, seed=seed)
+    return {
+        "mismatch_kl": est_R.mean().item(),
+        "ci_low": lo,
+        "ci_high": hi,
+        "tokens": len(est_R),
+        "sequences": d.sequences,
+        **extra,
+        **sampled_token_metrics(d.engine_R, d.train_R, d.seq_id_R),
+    }

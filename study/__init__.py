@@ -1,0 +1,15 @@
+"""The study: the experiments behind the project's findings, each a set of short train.py runs or probe
+measurements summarised into results/ (a JSON file and a plot each). One module per experiment:
+
+    validate         the admission check against real training (study/validate.py)
+    rl               OPD vs GRPO under the same rollout configurations (study/opd_vs_rl.py)
+    prefix           per-token vs prefix-shift mismatch, three OPD estimators (study/prefix.py)
+    async            time-to-quality, sync/async × bf16/fp8 (study/time_to_quality.py)
+    sources          every mismatch source alone and combined, staleness included (study/sources.py)
+    sensitivity      FP8 one decoder block at a time, and a greedy recipe (study/sensitivity.py)
+    report           results/SUMMARY.md from all of the above (study/report.py)
+
+Run them as `python -m study <experiment> ...`; finished runs are reused and killed ones resume
+(train.run_or_resume), so any command can be rerun. The training settings of every study run are
+calibrate.STUDY_TRAIN.
+"""

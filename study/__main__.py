@@ -1,0 +1,121 @@
+"""The study's command line: `python -m study <experiment>` (see study/__init__.py for what each does).
+
+python -m study validate --pair tiny     # ~11 min on a 2-core CPU
+python -m study rl                       # ~15 min
+python -m study prefix                   # ~6 min
+python -m study async                    # smollm2, ~10 min
+python -m study sources --pair tiny --weights fp8 --kv-cache fp8 --staleness 2
+python -m study sensitivity --pair smollm2 --probes 8 --max-new-tokens 24
+python -m study report
+"""
+
+from pathlib import Path
+
+from cli import EXPECTED, Parser, fail, positive_float, positive_int
+from mismatch import DEFAULT_PROBES, PROBES
+from models import DEVICES, PAIRS, resolve_device
+from quant import FP8_WEIGHTS
+from rollout import RolloutConfig, add_rollout_args
+from study.opd_vs_rl import rl, rl_table
+from study.prefix import prefix, prefix_table
+from study.report import report
+from study.sensitivity import run_sensitivity
+from study.sources import run_sources
+from study.time_to_quality import async_study, async_table
+from study.validate import validate, validation_table
+
+
+def add_measurement_parsers(sub) -> None:
+    """The two experiments that measure without training a run of their own: sources and sensitivity."""
+    src = sub.add_parser("sources", help="each mismatch source alone and combined, staleness included")
+    src.add_argument(
+        "--probes",
+        type=positive_int,
+        help=f"held-out probes (default: {PROBES['tiny']} tiny, {DEFAULT_PROBES} others)",
+    )
+    src.add_argument("--json", action="store_true", help="print JSON rows")
+    src.add_argument(
+        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+    )
+    add_rollout_args(src.add_argument_group("rollout engine"), sampling=False)
+    sens = sub.add_parser(
+        "sensitivity", help="FP8 one decoder block at a time; ranking, bar plot, greedy recipe"
+    )
+    sens.add_argument("--weights", default="fp8", choices=FP8_WEIGHTS, help="(default: %(default)s)")
+    sens.add_argument(
+        "--probes", type=positive_int, default=16, help="held-out probes (default: %(default)s)"
+    )
+    sens.add_argument(
+        "--max-new-tokens", type=positive_int, default=32, help="probe response length (default: %(default)s)"
+    )
+    sens.add_argument(
+        "--target", type=positive_float, help="recipe target mismatch (default: half the all-FP8 one)"
+    )
+    sens.add_argument("--out", default="results", help="folder for the plot and JSON (default: %(default)s)")
+    for sp in (src, sens):
+        sp.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="python -m study", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser(
+        "validate", help="admission check verdicts vs real training runs on held-out configurations"
+    )
+    v.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    v.add_argument("--budget", help="budget.json (default: budgets/<pair>/budget.json)")
+    v.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=4,
+        help="training seeds per candidate (default: %(default)s; "
+        "near the knee, 2 seeds cannot resolve the tolerance)",
+    )
+    v.add_argument(
+        "--probes",
+        type=positive_int,
+        default=64,
+        help="most probe prompts for each check (default: %(default)s)",
+    )
+    for name, helptext in (
+        ("rl", "OPD vs GRPO (tiny)"),
+        ("prefix", "per-token vs prefix shift, with and without TIS (tiny)"),
+    ):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--seeds", type=positive_int, default=1, help="seeds per run (default: %(default)s)")
+    a = sub.add_parser("async", help="sync/async × bf16/fp8 time-to-quality")
+    a.add_argument("--pair", default="smollm2", choices=PAIRS, help="the pair (default: %(default)s)")
+    a.add_argument("--steps", type=positive_int, default=8, help="steps per run (default: %(default)s)")
+    add_measurement_parsers(sub)
+    sub.add_parser("report", help="results/SUMMARY.md from the results")
+    for sp in sub.choices.values():
+        sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        if args.cmd == "sources":
+            return run_sources(args, device)
+        if args.cmd == "sensitivity":
+            return run_sensitivity(args, device)
+        if args.cmd == "validate":
+            budget = Path(args.budget or f"budgets/{args.pair}/budget.json")
+            print(
+                validation_table(validate(args.pair, budget, args.seeds, probes=args.probes, device=device))
+            )
+        elif args.cmd == "rl":
+            print(rl_table(rl(args.seeds, device)))
+        elif args.cmd == "prefix":
+            print(prefix_table(prefix(args.seeds, device)))
+        elif args.cmd == "async":
+            print(async_table(async_study(args.pair, args.steps, device)))
+        print(f"wrote {report()}")
+    except EXPECTED as e:
+        fail(e)
+
+
+if __name__ == "__main__":
+    main()

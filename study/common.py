@@ -1,0 +1,78 @@
+"""What every experiment of the study shares: its results folder, sweeps of short runs, plots."""
+
+import json
+import re
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from calibrate import short_run
+from runfiles import atomic_write_text
+
+RESULTS = Path("results")
+
+
+def slug(label: str) -> str:
+    """A run-folder name for a label: "sampled+TIS noise 0.1" -> "sampled_TIS_noise_0.1"."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", label)
+
+
+def sweep(
+    out: Path, pair: str, plan: list[tuple[str, dict, dict]], seeds: int, device: str, desc: str, **common
+) -> list[dict]:
+    """Run (or reuse) every (label, TrainConfig overrides, RolloutConfig overrides) × seed; one point each."""
+    jobs = [
+        (label, train_over, roll_over, seed) for label, train_over, roll_over in plan for seed in range(seeds)
+    ]
+    points = []
+    for label, train_over, roll_over, seed in tqdm(jobs, desc=desc, unit="run"):
+        run = short_run(
+            out,
+            pair,
+            f"{slug(label)}-seed{seed}",
+            seed=seed,
+            device=device,
+            rollout_over=roll_over,
+            **{**common, **train_over},
+        )
+        points.append({"label": label, "seed": seed, **train_over, **roll_over, **run})
+    return points
+
+
+def paired(points: list[dict], key: str, baseline_of) -> None:
+    """Adds Δkey = point[key] − the same-seed baseline point's key (baseline_of(point) -> baseline label)."""
+    base = {(p["label"], p["seed"]): p for p in points}
+    for p in points:
+        b = base[(baseline_of(p), p["seed"])]
+        p[f"delta_{key}"] = p[key] - b[key] if p[key] is not None else None
+
+
+def mean_by(points: list[dict], label: str, key: str) -> float:
+    vals = [p[key] for p in points if p["label"] == label]
+    return sum(vals) / len(vals)
+
+
+def write(name: str, result: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def plt_axes(ncols: int, width: float = 5.0):
+    """A bare Figure with `ncols` axes (no pyplot: no global backend change). Returns (None, fig, axes)."""
+    fig = Figure(figsize=(width * ncols, 4))
+    return None, fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+def save_figure(_, fig, path: Path, title: str) -> None:
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------------
+# validate
+
+# Candidates each pair's calibration never ran (tiny's default calibration runs noise 0.003…1, fp8, kv-fp8,

@@ -1,0 +1,110 @@
+"""report: results/SUMMARY.md from the study's JSON files, the budgets and the sensitivity results.
+
+python -m study report
+"""
+
+import json
+from pathlib import Path
+
+from calibrate import budget_ci
+from models import PAIRS
+from study.common import RESULTS
+from study.opd_vs_rl import rl_table
+from study.prefix import prefix_table
+from study.time_to_quality import async_table
+from study.validate import VALIDATION, validation_table
+
+# ---------------------------------------------------------------------------------------------------
+# report
+
+
+def noise_line(noise: dict | None) -> str:
+    """How far a budget's quality axis can be trusted (calibrate.quality_noise); "" if not recorded."""
+    if not noise:
+        return ""
+    sds = ", ".join(f"{v['sd']:.3f} on {n} prompts" for n, v in noise["eval_sd_by_prompts"].items())
+    line = f"\nEvaluation noise (SD over {noise['eval_seeds']} evaluation seeds, one checkpoint): {sds}."
+    if noise["paired_loss_se"] is not None:
+        line += (
+            f" Paired quality loss: SD {noise['paired_loss_sd']:.3f} across seeds, "
+            f"SE {noise['paired_loss_se']:.3f} (tolerance = {noise['tolerance_over_se']:.1f} SE)."
+        )
+    return line + "\n"
+
+
+def ci_line(budget: dict) -> str:
+    """The budget's 95% seed-bootstrap interval: as recorded, or refitted from the recorded points when the
+    budget.json predates it (calibrate.budget_ci is a pure function of them); "" with one seed."""
+    if budget["how"] != "crossing" or budget.get("seeds", 2) < 2:
+        return ""
+    recorded = budget.get("budget_ci")
+    ci = recorded or budget_ci(budget["points"], budget["tolerance"]["fraction"])
+    source = "" if recorded else " (refitted here from the recorded points: the budget.json predates it)"
+    lo, hi = (
+        f"{v:.3g}" if v is not None else "beyond the largest mismatch tried" for v in (ci["lo"], ci["hi"])
+    )
+    return (
+        f"95% interval over training seeds (bootstrap, {ci['draws']} draws): [{lo}, {hi}]; "
+        f"{ci['beyond_largest_mismatch']:.0%} of draws do not cross the tolerance{source}.\n"
+    )
+
+
+def report() -> Path:
+    """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so."""
+    parts = [
+        "# Results\n",
+        "Regenerate: `python -m study report` (each section names the command that made its numbers).\n",
+    ]
+    for pair in PAIRS:
+        path = Path("budgets") / pair / "budget.json"
+        if path.exists():
+            b = json.loads(path.read_text())
+            lower = (
+                b["how"] == "all-within"
+            )  # no run lost more than the tolerance: the budget is at least the largest mismatch tried
+            how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
+            command = b.get("command") or f"python calibrate.py --pair {pair}"
+            parts.append(
+                f"## Budget: {pair}\n\n"
+                f"`{command}`: budget **{'≥ ' if lower else ''}{b['budget']:.3g} nats/token** ({how}); "
+                f"tolerance {b['tolerance']['nats']:.4f} nats "
+                f"({b['tolerance']['fraction']:.0%} of the baseline's "
+                f"{b['baseline']['improvement']:.3f}-nat improvement); "
+                f"{len(b['points'])} runs of {b['steps']} steps; "
+                f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"
+                + ci_line(b)
+                + noise_line(b.get("noise"))
+            )
+    for path in sorted(RESULTS.glob("sensitivity_*.json")):
+        s = json.loads(path.read_text())
+        top = ", ".join(f"{b} ({s['per_block'][b]:.2g})" for b in s["ranking"][:5])
+        parts.append(
+            f"## Sensitivity: {path.stem}\n\n"
+            "Made by `python -m study sensitivity` (the README gives each pair's flags). "
+            f"Most sensitive blocks (mismatch with that block alone in FP8): {top}; "
+            f"all blocks FP8: {s['all_fp8']:.3g}; keeping blocks "
+            f"{s['kept_high_precision']} in high precision: {s['recipe_mismatch']:.3g}. File: `{path}`.\n"
+        )
+    sections = [
+        *[
+            (
+                f"validation_{p}",
+                f"Validation of the admission check: {p}",
+                f"python -m study validate --pair {p}",
+                validation_table,
+            )
+            for p in VALIDATION
+        ],
+        ("rl_tiny", "OPD vs GRPO", "python -m study rl", rl_table),
+        ("prefix_tiny", "Per-token vs prefix shift", "python -m study prefix", prefix_table),
+        ("async_smollm2", "FP8 + async time-to-quality", "python -m study async", async_table),
+    ]
+    for name, title, command, table in sections:
+        path = RESULTS / f"{name}.json"
+        body = table(json.loads(path.read_text())) if path.exists() else f"(not run yet: `{command}`)"
+        plot = f" Plot: `results/{name}.png`." if (RESULTS / f"{name}.png").exists() else ""
+        parts.append(f"## {title}\n\n`{command}`.{plot}\n\n{body}\n")
+    out = RESULTS / "SUMMARY.md"
+    RESULTS.mkdir(exist_ok=True)
+    out.write_text("\n".join(parts))
+    return out

@@ -1,0 +1,25 @@
+"""sources: every source of a rollout configuration alone, then combined, each on held-out probes against
+the trainer's current policy (mismatch.measure_config). A stale engine serves the weights of k real OPD
+steps ago (admit.stale_versions: the study's training settings, seed 0, from the untrained student).
+
+    python -m study sources --pair smollm2 --weights fp8 --kv-cache fp8 --staleness 2 --noise 0.01
+"""
+
+from admit import stale_versions
+from calibrate import train_settings
+from mismatch import DEFAULT_PROBES, PROBES, measure_sources, print_results
+from models import format_prompt, load_pair
+from rollout import rollout_config_from_args
+
+
+def run_sources(args, device: str) -> None:
+    cfg = rollout_config_from_args(args, pair=args.pair)
+    pair = load_pair(args.pair, device=device)
+    probes = [
+        format_prompt(pair.tokenizer, p.text)
+        for p in pair.eval_prompts[: args.probes or PROBES.get(args.pair, DEFAULT_PROBES)]
+    ]
+    settings = train_settings(args.pair)
+    versions = stale_versions(pair, cfg.staleness, settings, device=device)[0] if cfg.staleness else None
+    results = measure_sources(pair, cfg, probes, versions=versions, progress=not args.json)
+    print_results(results, args.pair, device, as_json=args.json)
