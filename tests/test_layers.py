@@ -11,11 +11,13 @@ LAYERS = {
     "dumps": 1,
     "runfiles": 1,  # pairs and prompts; the log-dump format; the run folder
     "quant": 2,  # FP8 primitives, the FP8 KV cache, torchao weights
+    "native": 2,  # other systems' exports, read into dumps.Dump
     "rollout": 3,  # the sampler and the engine
     "mismatch": 4,  # measurement: formulas, and measuring a configuration (never trains)
     "loss": 5,
     "rl": 5,
     "batches": 5,  # the OPD loss; the RL baseline; where a step's batch comes from
+    "audit": 5,  # the audit page of an export (above mismatch)
     "evaluate": 6,
     "train": 7,  # the OPD loop (the only module besides build_tiny.py that changes weights)
     "admit": 8,
