@@ -14,20 +14,33 @@ check  Measures a candidate configuration's canonical mismatch on held-out probe
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
+from audit import draw, origins, report, token_estimates, top_tokens
 from cli import EXPECTED, BadInput, Parser, fail, positive_int, process_seconds
-from dumps import read_dump
 from kl import bootstrap_ci, dump_estimate
 from mismatch import measure_config
-from models import DEVICES, PAIRS, cache_dir, format_prompt, load_pair, n_params, resolve_device
+from models import (
+    DEVICES,
+    PAIRS,
+    cache_dir,
+    format_prompt,
+    load_pair,
+    n_params,
+    resolve_device,
+    tiny_tokenizer,
+)
+from native import FORMATS, merge, read_native, select_steps
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
+from runfiles import atomic_write_text
 from train import trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
@@ -91,6 +104,7 @@ def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], di
 
 
 VERDICT_EXIT = {"admit": 0, "reject": 1, "uncertain": 4}  # exit codes of `check`, for gating a CI job
+CI_KEYS = ("mismatch_kl", "ci_low", "ci_high")  # the per-step numbers of a multi-step export
 BUDGET_HOWS = ("crossing", "all-within", "none-within")
 FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, ...) up to the cap
 
@@ -213,21 +227,76 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict
     return out
 
 
-def check_dump(budget: dict, path: Path) -> dict:
-    """The verdict from another system's log dump (dumps.py): k3 (or top-k) estimate with a sequence CI."""
+def check_dump(budget: dict, path: Path, fmt: str | None = None, steps: str | None = None) -> dict:
+    """The verdict from another system's export (native.py): k3 (or top-k) estimate with a sequence CI,
+    on the steps `steps` selects (None: all), and each step's own estimate under "per_step"."""
+    return judge_steps(budget, *read_native(str(path), fmt), spec=steps)
+
+
+def judge_steps(budget: dict, fmt: str, steps: list, spec: str | None) -> dict:
     t0 = time.time()
-    d = read_dump(path)
-    m = dump_estimate(d)
+    chosen = select_steps(steps, spec)
+    merged = merge(chosen).dump
+    m = dump_estimate(merged)
+    per_step = [
+        {"step": s.step, "sequences": s.dump.sequences, **{k: e[k] for k in ("tokens", *CI_KEYS)}}
+        for s in steps
+        for e in [dump_estimate(s.dump)]
+    ]
     return {
-        **judge(budget, m, d.sequences, available=None),
+        **judge(budget, m, merged.sequences, available=None),
         **m,
         "budget": budget["budget"],
+        "format": fmt,
+        "steps": [s.step for s in chosen],
+        "per_step": per_step,
         "seconds": time.time() - t0,
     }
 
 
+def run_audit(budget: dict, args, command: str) -> dict:
+    """admit.py audit: the verdict as check --dump gives it, plus DIR/audit.png and DIR/report.md."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out}: exists and is not a folder")
+    decode = None
+    if args.tokenizer == "tiny":
+        decode = tiny_tokenizer().decode
+    elif args.tokenizer:
+        if not Path(args.tokenizer).is_dir():
+            raise BadInput(f"--tokenizer {args.tokenizer}: expected tiny or a local tokenizer folder")
+        decode = AutoTokenizer.from_pretrained(args.tokenizer).decode
+    fmt, steps = read_native(args.dump, args.format)
+    result = judge_steps(budget, fmt, steps, spec=args.steps)
+    chosen = select_steps(steps, args.steps)
+    merged = merge(chosen)
+    tops = top_tokens(merged, token_estimates(merged.dump), origins(chosen), decode=decode)
+    out.mkdir(parents=True, exist_ok=True)
+    draw(out / "audit.png", merged, result["per_step"], result=result, tops=tops)
+    atomic_write_text(out / "report.md", report(result, tops, command=command, figure="audit.png"))
+    return {**result, "wrote": [str(out / "audit.png"), str(out / "report.md")]}
+
+
 # ---------------------------------------------------------------------------------------------------
 # Command line
+
+
+def add_audit_parser(sub, chk) -> None:
+    """The audit subcommand, and the export flags (--dump, --format, --steps) it shares with check."""
+    aud = sub.add_parser("audit", help="judge an export and write audit.png and report.md (audit.py)")
+    aud.add_argument("--dump", required=True, help="the export: a file, a folder or a glob (native.py)")
+    aud.add_argument("--budget", required=True, help="budget.json from calibrate.py")
+    aud.add_argument("--out", required=True, help="folder for audit.png and report.md")
+    aud.add_argument(
+        "--tokenizer", help="decode the top tokens: tiny, or a local tokenizer folder (default: ids only)"
+    )
+    aud.add_argument("--json", action="store_true", help="print the result as JSON")
+    chk.add_argument("--dump", help="judge another system's export instead (native.py): file, folder, glob")
+    for sp in (chk, aud):
+        sp.add_argument(
+            "--format", choices=FORMATS, help="the export's format with --dump (default: told by its fields)"
+        )
+        sp.add_argument("--steps", help="steps to judge with --dump, e.g. 3 or 2-5 or 0,4-6 (default: all)")
 
 
 def build_parser() -> Parser:
@@ -240,7 +309,6 @@ def build_parser() -> Parser:
     )
     chk.add_argument("--budget", required=True, help="budget.json from calibrate.py")
     chk.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
-    chk.add_argument("--dump", help="judge another system's log dump instead (dumps.py: JSONL, or .pt)")
     chk.add_argument(
         "--probes",
         type=positive_int,
@@ -252,6 +320,7 @@ def build_parser() -> Parser:
         "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
     )
     add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
+    add_audit_parser(sub, chk)
     for sp in (chk,):
         sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
     return parser
@@ -264,6 +333,15 @@ def print_check(result: dict) -> None:
         else ""
     )
     print(f"{result['verdict'].upper()}: {result['reason']}{extra}")
+    if len(result.get("per_step", [])) > 1:
+        print(f"{'step':>8} {'seqs':>6} {'tokens':>8}  mismatch (nats/token)  95% CI  ({result['format']})")
+        for r in result["per_step"]:
+            mark = "*" if r["step"] in result["steps"] else " "
+            print(
+                f"{r['step']:>7}{mark} {r['sequences']:>6} {r['tokens']:>8}  {r['mismatch_kl']:.3e}  "
+                f"[{r['ci_low']:.3e}, {r['ci_high']:.3e}]"
+            )
+        print(f"* judged: steps {', '.join(map(str, result['steps']))}")
     on = (
         f"{result['probes']} probes"
         if "probes" in result
@@ -296,10 +374,19 @@ def main(argv=None) -> None:
         fail(BadInput(f"`admit.py {argv[0]}` is now `{MOVED[argv[0]]}` (same flags)"))
     args = build_parser().parse_args(argv)
     try:
+        if args.cmd == "audit":
+            command = shlex.join(["python", "admit.py", *argv])
+            result = run_audit(read_budget(Path(args.budget), None), args, command=command)
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                print_check(result)
+                print(f"wrote {' and '.join(result['wrote'])}")
+            return
         device = resolve_device(args.device)
         budget = read_budget(Path(args.budget), None if args.dump else args.pair)
         if args.dump:
-            result = check_dump(budget, Path(args.dump))
+            result = check_dump(budget, Path(args.dump), fmt=args.format, steps=args.steps)
         else:
             cfg = rollout_config_from_args(args, pair=args.pair)
             result = check(budget, load_pair(args.pair, device=device), cfg, cap=args.probes, device=device)

@@ -13,11 +13,13 @@ LAYERS = {
     "runfiles": 1,  # pairs and prompts; the log-dump format; the run folder
     "quant": 2,  # FP8 primitives, the FP8 KV cache, torchao weights
     "kl": 2,  # the formulas of the one scale: pure functions of log-probs
+    "native": 2,  # other systems' exports, read into dumps.Dump
     "rollout": 3,  # the sampler and the engine
     "mismatch": 4,  # measuring a configuration (never trains)
     "loss": 5,
     "rl": 5,
     "batches": 5,  # the OPD loss; the RL baseline; where a step's batch comes from
+    "audit": 5,  # the audit page of an export (above mismatch)
     "evaluate": 6,
     "train": 7,  # the OPD loop (the only module besides tools/build_tiny.py that changes weights)
     "admit": 8,  # the admission check
