@@ -24,7 +24,8 @@ import torch
 from transformers import AutoTokenizer
 
 from audit import draw, origins, report, token_estimates, top_tokens
-from cli import EXPECTED, BadInput, Parser, fail, positive_int, process_seconds
+from budget import CALIBRATABLE, match_loss, read_budget
+from cli import EXPECTED, BadInput, Parser, cap_float, fail, positive_int, process_seconds
 from kl import bootstrap_ci, dump_estimate
 from mismatch import measure_config
 from models import (
@@ -42,13 +43,6 @@ from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
 from runfiles import atomic_write_text
 from train import trajectory
-
-SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
-SCALE = (
-    "mean per-token KL(pi_engine || pi_train), nats/token, exact over the vocabulary, "
-    "on the engine's samples of held-out probe prompts, against the untrained student (what check measures)"
-)
-
 
 # ---------------------------------------------------------------------------------------------------
 # The verdict (pure)
@@ -105,36 +99,7 @@ def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], di
 
 VERDICT_EXIT = {"admit": 0, "reject": 1, "uncertain": 4}  # exit codes of `check`, for gating a CI job
 CI_KEYS = ("mismatch_kl", "ci_low", "ci_high")  # the per-step numbers of a multi-step export
-BUDGET_HOWS = ("crossing", "all-within", "none-within")
 FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, ...) up to the cap
-
-
-def read_budget(path: Path, pair: str | None) -> dict:
-    """A budget.json, checked: schema, pair (None: any, for dumps), and finite numbers where numbers go."""
-    if not path.is_file():
-        raise BadInput(f"--budget {path}: no such file (make one with `python calibrate.py`)")
-    try:
-        budget = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"--budget {path}: not JSON ({getattr(e, 'msg', type(e).__name__)})") from None
-    version = budget.get("schema_version") if isinstance(budget, dict) else None
-    if version != SCHEMA_VERSION:
-        raise BadInput(f"--budget {path}: schema_version {version!r}, this admit.py reads {SCHEMA_VERSION}")
-    if pair is not None and budget.get("pair") != pair:
-        raise BadInput(f"--budget {path} was calibrated for pair {budget.get('pair')!r}, not --pair {pair!r}")
-    numbers = {
-        "budget": budget.get("budget"),
-        "seconds_per_run": budget.get("seconds_per_run"),
-        "tolerance.nats": (budget.get("tolerance") or {}).get("nats"),
-    }
-    for key, value in numbers.items():
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise BadInput(f"--budget {path}: {key} is {value!r}; expected a finite number >= 0")
-    if budget.get("how") not in BUDGET_HOWS:
-        raise BadInput(
-            f"--budget {path}: how is {budget.get('how')!r}; expected one of {', '.join(BUDGET_HOWS)}"
-        )
-    return budget
 
 
 def what_it_buys(student, cfg: RolloutConfig) -> dict:
@@ -254,7 +219,7 @@ def judge_steps(budget: dict, fmt: str, steps: list, spec: str | None) -> dict:
     }
 
 
-def run_audit(budget: dict, args, command: str) -> dict:
+def run_audit(budget: dict, args, command: str, loss: str) -> dict:
     """admit.py audit: the verdict as check --dump gives it, plus DIR/audit.png and DIR/report.md."""
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -267,7 +232,7 @@ def run_audit(budget: dict, args, command: str) -> dict:
             raise BadInput(f"--tokenizer {args.tokenizer}: expected tiny or a local tokenizer folder")
         decode = AutoTokenizer.from_pretrained(args.tokenizer).decode
     fmt, steps = read_native(args.dump, args.format)
-    result = judge_steps(budget, fmt, steps, spec=args.steps)
+    result = {**judge_steps(budget, fmt, steps, spec=args.steps), "loss": loss}
     chosen = select_steps(steps, args.steps)
     merged = merge(chosen)
     tops = top_tokens(merged, token_estimates(merged.dump), origins(chosen), decode=decode)
@@ -297,6 +262,14 @@ def add_audit_parser(sub, chk) -> None:
             "--format", choices=FORMATS, help="the export's format with --dump (default: told by its fields)"
         )
         sp.add_argument("--steps", help="steps to judge with --dump, e.g. 3 or 2-5 or 0,4-6 (default: all)")
+        sp.add_argument(
+            "--loss",
+            choices=CALIBRATABLE,
+            help="the OPD loss the candidate trains with (default: the budget's)",
+        )
+        sp.add_argument(
+            "--tis-cap", type=cap_float, help="its importance-weight cap: 0, C or inf (default: the budget's)"
+        )
 
 
 def build_parser() -> Parser:
@@ -332,7 +305,7 @@ def print_check(result: dict) -> None:
         if result.get("extra_probes")
         else ""
     )
-    print(f"{result['verdict'].upper()}: {result['reason']}{extra}")
+    print(f"{result['verdict'].upper()} for the {result['loss']} loss: {result['reason']}{extra}")
     if len(result.get("per_step", [])) > 1:
         print(f"{'step':>8} {'seqs':>6} {'tokens':>8}  mismatch (nats/token)  95% CI  ({result['format']})")
         for r in result["per_step"]:
@@ -376,7 +349,10 @@ def main(argv=None) -> None:
     try:
         if args.cmd == "audit":
             command = shlex.join(["python", "admit.py", *argv])
-            result = run_audit(read_budget(Path(args.budget), None), args, command=command)
+            budget = read_budget(Path(args.budget), None)
+            result = run_audit(
+                budget, args, command=command, loss=match_loss(budget, args.loss, args.tis_cap)
+            )
             if args.json:
                 print(json.dumps(result, indent=2))
             else:
@@ -385,12 +361,14 @@ def main(argv=None) -> None:
             return
         device = resolve_device(args.device)
         budget = read_budget(Path(args.budget), None if args.dump else args.pair)
+        loss = match_loss(budget, args.loss, args.tis_cap)
         if args.dump:
             result = check_dump(budget, Path(args.dump), fmt=args.format, steps=args.steps)
         else:
             cfg = rollout_config_from_args(args, pair=args.pair)
             result = check(budget, load_pair(args.pair, device=device), cfg, cap=args.probes, device=device)
             result["wall_seconds"] = process_seconds()
+        result["loss"] = loss  # the verdict holds for this loss only
     except EXPECTED as e:
         fail(e)
     print(json.dumps(result, indent=2)) if args.json else print_check(result)

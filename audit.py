@@ -148,7 +148,7 @@ def coverage_rule(result: dict) -> str:
 def report(result: dict, tops: list[dict], command: str, figure: str) -> str:
     """report.md: the verdict, the estimator, the coverage rule, the per-step table and the command."""
     lines = [
-        f"# Mismatch audit: {result['verdict'].upper()}",
+        f"# Mismatch audit: {result['verdict'].upper()} for the {result['loss']} loss",
         "",
         f"{result['reason']}.",
         "",

@@ -30,8 +30,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from admit import SCALE, SCHEMA_VERSION, stale_versions
-from cli import EXPECTED, BadInput, Parser, comma_floats, fail, open_fraction, positive_int
+from admit import stale_versions
+from budget import CALIBRATABLE, SCALE, SCHEMA_VERSION, json_cap, loss_label
+from cli import EXPECTED, BadInput, Parser, cap_float, comma_floats, fail, open_fraction, positive_int
 from evaluate import evaluate
 from mismatch import measure_config
 from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
@@ -192,14 +193,15 @@ TRAIN_KEYS = (
     "weight_decay",
     "grad_clip",
     "loss",
+    "tis_cap",
     "eval_prompts",
 )
 
 
-def train_settings(pair: str) -> dict:
-    """The training settings of the study's runs for this pair (TRAIN_KEYS of study_config), as
+def train_settings(pair: str, **loss) -> dict:
+    """The training settings of the study's runs for this pair and loss (TRAIN_KEYS of study_config), as
     budget.json records them and check rebuilds stale weights from them."""
-    return {k: v for k, v in asdict(study_config(pair)).items() if k in TRAIN_KEYS}
+    return {k: v for k, v in asdict(study_config(pair, **loss)).items() if k in TRAIN_KEYS}
 
 
 def study_config(pair: str, **overrides):
@@ -217,14 +219,44 @@ def short_run(
     return run_point(run_or_resume(cfg))
 
 
-def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device) -> dict:
+def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device, settings: dict) -> dict:
     """A rollout configuration's canonical mismatch as check measures it: engine samples of the first n
     held-out prompts, against the pair's untrained student (a stale engine: the student `staleness` real
-    OPD steps on, the engine serving the old weights). Returns mismatch.measure_config's dict."""
+    OPD steps on with the training `settings`, the engine serving the old weights). Returns
+    mismatch.measure_config's dict."""
     probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
-    settings = train_settings(pair.name)
     versions = stale_versions(pair, cfg.staleness, settings, device=device)[0] if cfg.staleness else None
     return measure_config(pair, cfg, probes, versions=versions)
+
+
+def paired_quality_losses(points: list[dict], tolerance: float) -> tuple[float, dict]:
+    """Sets each point's quality_loss (final eval reverse KL − the same-seed baseline's) and returns the
+    tolerance in nats (a fraction of the baseline's improvement over step 0) and the baselines by seed.
+    A baseline that did not improve gives no tolerance to judge by: refused, never written."""
+    base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
+    improvement = baseline_improvement(points[0]["eval_rkl_start"], points)
+    if not improvement > 0:
+        raise BadInput(
+            f"the baseline runs did not improve (held-out reverse KL {points[0]['eval_rkl_start']:.4f} -> "
+            f"{statistics.fmean(base.values()):.4f}), so there is no tolerance to calibrate against: "
+            "train longer (--steps) or change the study's settings; no budget written"
+        )
+    for p in points:
+        p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
+    return tolerance * improvement, base
+
+
+def budget_header(pair: str, loss: dict, command: str, device: str) -> dict:
+    """What a budget is for and how it was made: schema, pair, loss, command, scale and device."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "pair": pair,
+        "loss": loss["loss"],
+        "tis_cap": json_cap(loss["tis_cap"]),
+        "command": command,
+        "scale": SCALE,
+        "device": device_label(device),
+    }
 
 
 def calibrate(
@@ -238,22 +270,25 @@ def calibrate(
     device: str,
     n_probes: int = 64,
     command: str = "",
+    loss: dict | None = None,
 ) -> dict:
+    """The budget of `pair` for the OPD loss `loss` ({"loss": estimator, "tis_cap": C}; None: analytic)."""
+    loss = loss or {"loss": "analytic", "tis_cap": 0.0}
     points = calibration_points(
-        pair, out, noise_grid, real=real, steps=steps, seeds=seeds, device=device, n_probes=n_probes
+        pair,
+        out,
+        noise_grid,
+        real=real,
+        steps=steps,
+        seeds=seeds,
+        device=device,
+        n_probes=n_probes,
+        loss=loss,
     )
-    base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
-    improvement = baseline_improvement(points[0]["eval_rkl_start"], points)
-    tol = tolerance * improvement
-    for p in points:
-        p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
+    tol, base = paired_quality_losses(points, tolerance)
     fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
     budget = {
-        "schema_version": SCHEMA_VERSION,
-        "pair": pair,
-        "command": command,
-        "scale": SCALE,
-        "device": device_label(device),
+        **budget_header(pair, loss=loss, command=command, device=device),
         "tolerance": {
             "fraction": tolerance,
             "nats": tol,
@@ -262,7 +297,7 @@ def calibrate(
         "baseline": {
             "eval_rkl_start": points[0]["eval_rkl_start"],
             "eval_rkl_final": statistics.fmean(base.values()),
-            "improvement": improvement,
+            "improvement": tol / tolerance,
         },
         "budget": fit["budget"],
         "how": fit["how"],
@@ -271,7 +306,7 @@ def calibrate(
         "budget where the fit crosses the tolerance",
         "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
         "steps": steps,
-        "train_settings": train_settings(pair),
+        "train_settings": {**train_settings(pair, **loss), "tis_cap": json_cap(loss["tis_cap"])},
         "seeds": seeds,
         "probes": n_probes,
         "seconds_per_run": sum(p["seconds"] for p in points) / len(points),
@@ -295,6 +330,7 @@ def calibration_points(
     seeds: int,
     device: str,
     n_probes: int,
+    loss: dict,
 ) -> list[dict]:
     """One short OPD run per calibration configuration and seed (resumed where finished), each with its
     probe-measured mismatch: the points calibrate fits the budget to."""
@@ -314,9 +350,17 @@ def calibration_points(
             rollout_over=over,
             steps=steps,
             eval_every=0,
+            **loss,
         )
         cfg = replace(study_config(pair).rollout, seed=seed, **over)
-        probe = cached_probe(out / "runs" / name / "probe.json", cfg, n_probes, pair=loaded, device=device)
+        probe = cached_probe(
+            out / "runs" / name / "probe.json",
+            cfg,
+            n_probes,
+            pair=loaded,
+            device=device,
+            settings=train_settings(pair, **loss),
+        )
         points.append(
             {
                 "source": label,
@@ -331,15 +375,18 @@ def calibration_points(
     return points
 
 
-def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device) -> dict:
+def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device, settings: dict) -> dict:
     """probe_mismatch, saved next to its run (probe.json) and reused when made with the same engine
-    configuration and probe count, so a resumed calibration does not measure its finished points again."""
+    configuration and probe count (and, for a stale engine, training settings), so a resumed calibration
+    does not measure its finished points again."""
     key = {"probes": n_probes, "rollout": json.loads(json.dumps(asdict(cfg)))}
+    if cfg.staleness:
+        key["settings"] = {k: json_cap(v) if k == "tis_cap" else v for k, v in settings.items()}
     if path.is_file():
         saved = json.loads(path.read_text())
         if {k: saved.get(k) for k in key} == key:
             return saved
-    probe = probe_mismatch(pair, cfg, n_probes, device=device)
+    probe = probe_mismatch(pair, cfg, n_probes, device=device, settings=settings)
     saved = {**key, **{k: probe[k] for k in ("mismatch_kl", "ci_low", "ci_high")}}
     atomic_write_text(path, json.dumps(saved, indent=1) + "\n")
     return saved
@@ -499,6 +546,18 @@ def build_parser() -> Parser:
         default=64,
         help="held-out probes per configuration (default: %(default)s)",
     )
+    parser.add_argument(
+        "--loss",
+        default="analytic",
+        choices=CALIBRATABLE,
+        help="the OPD estimator the budget is for (train.py --loss; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tis-cap",
+        type=cap_float,
+        default=0.0,
+        help="importance-weight cap of the loss: 0 none, C, or inf (tinker: --loss sampler --tis-cap inf)",
+    )
     parser.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
     return parser
 
@@ -507,7 +566,12 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
         device = resolve_device(args.device)
-        out = Path(args.out or f"budgets/{args.pair}")
+        if args.loss == "analytic" and args.tis_cap > 0:
+            raise BadInput(f"--tis-cap {args.tis_cap:g}: the analytic loss has no importance weights")
+        label = loss_label(args.loss, args.tis_cap)
+        out = Path(
+            args.out or (f"budgets/{args.pair}" if label == "analytic" else f"budgets/{args.pair}/{label}")
+        )
         real = [r for r in args.real.split(",") if r]
         calibration_configs([], real)  # refuses an unknown --real before any run starts
         command = shlex.join(["python", "calibrate.py", *(sys.argv[1:] if argv is None else argv)])
@@ -522,11 +586,12 @@ def main(argv=None) -> None:
             device=device,
             n_probes=args.probes,
             command=command,
+            loss={"loss": args.loss, "tis_cap": args.tis_cap},
         )
     except EXPECTED as e:
         fail(e)
     print(
-        f"{args.pair}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
+        f"{args.pair}, loss {label}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
         f"{budget['tolerance']['nats']:.3f} nats of eval reverse KL; wrote {out}/budget.json and budget.png"
     )
 

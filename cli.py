@@ -96,6 +96,8 @@ positive_float = _converter(float, lambda x: math.isfinite(x) and x > 0, "a fini
 nonneg_float = _converter(float, lambda x: math.isfinite(x) and x >= 0, "a finite number >= 0")
 fraction = _converter(float, lambda x: 0 < x <= 1, "a number in (0, 1]")
 open_fraction = _converter(float, lambda x: 0 < x < 1, "a number in (0, 1)")
+# an importance-weight cap: 0 = none, a number, or inf for the uncapped ratio
+cap_float = _converter(float, lambda x: x >= 0 and not math.isnan(x), "a number >= 0, or inf (uncapped)")
 
 
 def comma_floats(text: str) -> list[float]:

@@ -2,12 +2,23 @@
 
     KL_t = Σ_v p_s(v | x_<t) (log p_s(v | x_<t) − log p_t(v | x_<t)),   loss = mean over response tokens
 
-estimated either analytically over the full vocabulary (gradient through the student's logits), or from
-the sampled token alone, as a policy gradient with a detached advantage
-    A_t = −(log p_s(y_t | x_<t) − log p_t(y_t | x_<t)),   loss = −mean_t w_t · A_t · log p_s(y_t | x_<t),
-with w_t = min(π_train(y_t)/π_engine(y_t), C) under truncated importance sampling (tis_cap C > 0), else 1.
-Both treat each token's prefix as fixed (the usual OPD recipe). estimator "grpo" is the RL baseline's loss
-(rl.py): one advantage per response in place of the teacher's per-token signal. The analytic loss equals
+estimated in one of three ways, each treating every token's prefix as fixed (the usual OPD recipe):
+    analytic  the full-vocabulary sum above, gradient through the student's logits (TRL GKD, beta=1);
+    sampled   the sampled token alone, a policy gradient with the trainer's log-prob in the advantage:
+                  A_t = −(log π_train(y_t | x_<t) − log p_t(y_t | x_<t)),
+                  loss = −mean_t w_t · A_t · log π_train(y_t | x_<t)   (A_t and w_t detached);
+    sampler   the same, with the sampler's (engine's) log-prob in the advantage, as tinker-cookbook's
+              incorporate_kl_penalty computes it: A_t = −(log π_engine(y_t) − log p_t(y_t)).
+              With tis_cap = inf this is tinker's recipe: its `importance_sampling` loss weighs each term
+              by the uncapped ratio π_train(y_t)/π_engine(y_t).
+w_t = min(π_train(y_t)/π_engine(y_t), C) for tis_cap C > 0 (C = inf: the uncapped ratio), else 1.
+Expected gradients under engine samples y ~ π_e, with p = π_train, t = the teacher, ∇ = ∇ log p(y):
+    analytic  ∇ KL(p ‖ t) whatever π_e is (π_e only chooses the prefixes);
+    sampled   Σ_y π_e(y) w(y) (log p − log t)(y) ∇;   = ∇ KL(p ‖ t) when π_e = p, or when w = p/π_e;
+    sampler   Σ_y π_e(y) w(y) (log π_e − log t)(y) ∇; with w = p/π_e: Σ_y p(y)(log π_e − log t)(y) ∇,
+              which is ∇ KL(p ‖ t) only when π_e = p: the engine's error enters every advantage.
+estimator "grpo" is the RL baseline's loss (rl.py): one advantage per response in place of the teacher's
+per-token signal. The analytic loss equals
 TRL's generalized_jsd_loss(beta=1) (token mean over response tokens).
 
 The same student forward also gives the one scale, detached: KL(π_engine ‖ π_student) at every response token
@@ -21,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from kl import token_kl
 from rollout import head, response_hidden
 
-ESTIMATORS = ("analytic", "sampled", "grpo")
+ESTIMATORS = ("analytic", "sampled", "sampler", "grpo")
 RECOMPUTE_BYTES = 2 * 2**30
 
 
@@ -43,11 +54,31 @@ def tis_weights(logp_train_N: torch.Tensor, logp_engine_N: torch.Tensor, cap: fl
     """Token-level truncated importance sampling: w_t = min(π_train(y_t) / π_engine(y_t), cap), detached.
 
     It reweights each sampled token's loss term towards what the trainer's policy would have sampled,
-    correcting the per-token part of the mismatch (not the prefix shift). cap <= 0 means no correction.
+    correcting the per-token part of the mismatch (not the prefix shift). cap <= 0 means no correction;
+    cap = inf, the full importance ratio (tinker-cookbook's importance_sampling loss).
     """
     if cap <= 0:
         return torch.ones_like(logp_train_N)
     return torch.exp(logp_train_N.detach() - logp_engine_N).clamp(max=cap)
+
+
+def sampled_terms(
+    logp_s_C: torch.Tensor,
+    logp_t_C: torch.Tensor,
+    logp_e_C: torch.Tensor,
+    *,
+    estimator: str,
+    tis_cap: float,
+    adv_C: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each sampled token's loss term −w_t · A_t · log π_train(y_t) (see the module docstring), from the
+    log-probs of the sampled tokens under the trainer, the teacher and the engine; adv_C for "grpo"."""
+    advantages = {  # detached: the gradient flows through log π_train(y_t) only
+        "grpo": adv_C,
+        "sampled": -(logp_s_C - logp_t_C).detach(),
+        "sampler": -(logp_e_C - logp_t_C).detach(),
+    }
+    return -(tis_weights(logp_s_C, logp_e_C, tis_cap) * advantages[estimator] * logp_s_C)
 
 
 def must_recompute(n_tokens: int, vocab: int) -> bool:
@@ -69,9 +100,10 @@ def opd_loss(
 ) -> tuple[torch.Tensor, dict]:
     """The OPD loss over all response tokens of `rollout` (token mean), and its statistics.
 
-    tis_cap > 0 (sampled and grpo) multiplies each token's term by tis_weights. The analytic loss needs no
-    such correction: it sums over the whole vocabulary at each prefix, so how the engine drew y_t does not
-    enter the term at t; only the prefixes it visits do (prefix shift). TIS assumes temperature 1, top-p 1.
+    tis_cap > 0 (sampled, sampler and grpo) multiplies each token's term by tis_weights. The analytic loss
+    needs no such correction: it sums over the whole vocabulary at each prefix, so how the engine drew y_t
+    does not enter the term at t; only the prefixes it visits do (prefix shift). TIS assumes temperature 1,
+    top-p 1.
 
     Vocabulary-sized logits are formed `chunk` tokens at a time, recomputed in backward when must_recompute.
     stats: rkl = mean exact KL(p_s ‖ p_t) per token (whatever the estimator), tokens = N, and mismatch_N =
@@ -92,11 +124,9 @@ def opd_loss(
             teacher_logits_C_V = head(teacher, h_t_C_H)
         student_logits_C_V = head(student, h_s_C_H)
         kl_C, logp_s_C, logp_t_C = reverse_kl_terms(student_logits_C_V, teacher_logits_C_V, y_C)
-        if estimator == "analytic":
-            objective = kl_C.sum()
-        else:
-            advantage_C = adv_C if estimator == "grpo" else -(logp_s_C - logp_t_C).detach()
-            objective = -(tis_weights(logp_s_C, logp_e_C, tis_cap) * advantage_C * logp_s_C).sum()
+        objective = kl_C.sum() if estimator == "analytic" else sampled_terms(
+            logp_s_C, logp_t_C, logp_e_C, estimator=estimator, tis_cap=tis_cap, adv_C=adv_C
+        ).sum()
         # The detached logits leave the checkpointed region once, for the mismatch; the backward pass
         # recomputes them for the gradient anyway.
         return objective, kl_C.detach().sum(), student_logits_C_V.detach()

@@ -36,8 +36,8 @@ import torch
 from tqdm import tqdm
 
 from batches import Batches, make_engine
-from cli import (EXPECTED, BadInput, NonFinite, Parser, fail, nonneg_float, nonneg_int, positive_float,
-                 positive_int)
+from cli import (EXPECTED, BadInput, NonFinite, Parser, cap_float, fail, nonneg_float, nonneg_int,
+                 positive_float, positive_int)
 from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from kl import prefix_shift_kl
@@ -67,7 +67,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (sampled-token gradient) | grpo (RL)
-    tis_cap: float = 0.0  # truncated importance sampling cap C in min(π_train/π_engine, C); 0 = off
+    tis_cap: float = 0.0  # importance-weight cap C in min(π_train/π_engine, C); 0 = off; inf = uncapped
     async_rollout: bool = False  # one-step-off: sample step s+1's batch in a background thread during step s
     kl_chunk: int = 256  # response tokens per chunk when computing full-vocabulary KL (bounds memory)
     eval_every: int = 5  # evaluate every N steps (and after the last); 0 = only at the start and end
@@ -329,7 +329,7 @@ PER_PAIR_FLAGS = [
 COMMON_FLAGS = [
     ("--weight-decay", nonneg_float, "AdamW weight decay"),
     ("--grad-clip", nonneg_float, "max gradient norm; 0 = no clipping"),
-    ("--tis-cap", nonneg_float, "--loss sampled or grpo: TIS weight min(π_train/π_engine, C); 0 = off"),
+    ("--tis-cap", cap_float, "non-analytic losses: weight min(π_train/π_engine, C); 0 off, inf full IS"),
     ("--kl-chunk", positive_int, "response tokens per full-vocabulary chunk (bounds memory)"),
     ("--seed", int, "seed for prompt order, sampling and weight noise"),
     ("--out-dir", str, "parent folder of run folders"),
@@ -360,8 +360,9 @@ def build_parser() -> Parser:
         "--loss",
         default=d.loss,
         choices=ESTIMATORS,
-        help="analytic: full-vocabulary reverse KL; "
-        "sampled: sampled-token policy gradient; grpo: the RL baseline (default: %(default)s)",
+        help="analytic: full-vocabulary reverse KL; sampled: sampled-token policy gradient, trainer's "
+        "log-prob in the advantage; sampler: the engine's (tinker-cookbook; with --tis-cap inf, its "
+        "importance_sampling loss); grpo: the RL baseline (default: %(default)s)",
     )
     p.add_argument(
         "--async",
@@ -394,9 +395,8 @@ def config_from_args(args) -> TrainConfig:
     cfg = replace(cfg, **given)
     cfg.rollout = rollout_config_from_args(args, pair=pair)
     if cfg.tis_cap > 0 and cfg.loss == "analytic":
-        raise BadInput(f"--tis-cap {cfg.tis_cap:g}: applies to --loss sampled or grpo only (the analytic "
-                       "loss sums "
-                       "over the vocabulary, so the sampled token needs no correction)")
+        raise BadInput(f"--tis-cap {cfg.tis_cap:g}: applies to --loss sampled, sampler or grpo only (the "
+                       "analytic loss sums over the vocabulary, so the sampled token needs no correction)")
     return cfg
 
 

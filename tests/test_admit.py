@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from admit import SCHEMA_VERSION, verdict
+from admit import verdict
+from budget import SCHEMA_VERSION
 from calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +172,7 @@ def test_calibrate_writes_a_valid_budget_and_plot(calibrated):
         budget["schema_version"] == SCHEMA_VERSION
         and budget["pair"] == "tiny"
         and budget["tolerance"]["fraction"] == 0.05
+        and (budget["loss"], budget["tis_cap"]) == ("analytic", 0.0)
     )
     assert [p["source"] for p in budget["points"]] == ["baseline", "noise 0.01", "noise 0.1"]
     # The baseline engine is the trainer's exact copy: its recorded decode logits differ from the trainer's
@@ -299,6 +301,7 @@ def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
     budget = {
         "schema_version": SCHEMA_VERSION,
         "pair": "tiny",
+        "loss": "analytic",
         "budget": 0.01,
         "how": "crossing",
         "tolerance": {"nats": 0.01},
@@ -316,3 +319,21 @@ def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
     )
     out = json.loads(result.stdout)
     assert out["verdict"] == "reject" and result.returncode == 1, result.stderr[-2000:]
+
+
+def test_a_budget_holds_for_its_loss_only(tmp_path):
+    """Calibrated for tinker's estimator (sampler advantage, uncapped IS): the budget says so, a check
+    without --loss gives a verdict for that loss, and a check for another loss is refused with one line."""
+    out = tmp_path / "tiny-sampler-is"
+    args = ["--pair", "tiny", "--out", str(out), "--noise-grid", "0.1", "--real", "", "--steps", "2"]
+    result = calibrate_cli(*args, "--seeds", "1", "--loss", "sampler", "--tis-cap", "inf", cwd=tmp_path)
+    assert result.returncode == 0 and "loss sampler-is" in result.stdout, result.stderr[-2000:]
+    budget = json.loads((out / "budget.json").read_text())
+    assert (budget["loss"], budget["tis_cap"]) == ("sampler", "inf")
+    assert budget["train_settings"]["loss"] == "sampler" and budget["train_settings"]["tis_cap"] == "inf"
+    ok = cli("check", "--budget", str(out / "budget.json"), "--pair", "tiny", "--probes", "8", cwd=tmp_path)
+    assert ok.returncode in (0, 1, 4) and "for the sampler-is loss" in ok.stdout, ok.stderr[-2000:]
+    refused = cli("check", "--budget", str(out / "budget.json"), "--loss", "analytic", cwd=tmp_path)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "--loss analytic" in lines[0] and "calibrated for loss sampler-is" in lines[0]

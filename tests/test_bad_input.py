@@ -11,6 +11,8 @@ import pytest
 GOOD_BUDGET = {
     "schema_version": 2,
     "pair": "tiny",
+    "loss": "analytic",
+    "tis_cap": 0,
     "budget": 1.0,
     "how": "crossing",
     "tolerance": {"nats": 0.01},
@@ -26,6 +28,10 @@ def write_fixtures(root: Path) -> None:
     (root / "afile").write_text("not a folder\n")
     (root / "good_budget.json").write_text(json.dumps(GOOD_BUDGET))
     (root / "nokeys.json").write_text(json.dumps({"schema_version": 2, "pair": "tiny"}))
+    (root / "sampled_budget.json").write_text(json.dumps({**GOOD_BUDGET, "loss": "sampled"}))
+    (root / "infcap_budget.json").write_text(json.dumps({**GOOD_BUDGET, "loss": "sampler", "tis_cap": "inf"}))
+    noloss = {k: v for k, v in GOOD_BUDGET.items() if k not in ("loss", "tis_cap")}
+    (root / "noloss_budget.json").write_text(json.dumps(noloss))
     (root / "nan_budget.json").write_text(json.dumps({**GOOD_BUDGET, "budget": math.nan}))
     (root / "v1_budget.json").write_text(json.dumps({**GOOD_BUDGET, "schema_version": 1}))
     (root / "smollm2_budget.json").write_text(json.dumps({**GOOD_BUDGET, "pair": "smollm2"}))
@@ -140,6 +146,11 @@ OTHERS = [
     ("admit", ["check", "--budget", "good_budget.json", "--probes", "-3"], "--probes"),
     ("admit", ["check", "--budget", "missing.json"], "missing.json"),
     ("admit", ["check", "--budget", "nokeys.json"], "budget is None"),
+    ("admit", ["check", "--budget", "good_budget.json", "--loss", "sampler"], "calibrated for loss analytic"),
+    ("admit", ["check", "--budget", "sampled_budget.json", "--tis-cap", "2"], "for loss sampled;"),
+    ("admit", ["check", "--budget", "noloss_budget.json"], "loss is None"),
+    ("admit", ["check", "--budget", "infcap_budget.json", "--tis-cap", "-1"], "--tis-cap"),
+    ("calibrate", ["--tis-cap", "2"], "analytic loss has no importance weights"),
     ("admit", ["check", "--budget", "nan_budget.json"], "budget is nan"),
     ("admit", ["check", "--budget", "v1_budget.json"], "schema_version 1"),
     ("admit", ["check", "--budget", "smollm2_budget.json"], "'smollm2'"),

@@ -11,6 +11,7 @@ LAYERS = {
     "models": 1,
     "dumps": 1,
     "runfiles": 1,  # pairs and prompts; the log-dump format; the run folder
+    "budget": 1,  # the budget file: schema, reading, the loss it holds for
     "quant": 2,  # FP8 primitives, the FP8 KV cache, torchao weights
     "kl": 2,  # the formulas of the one scale: pure functions of log-probs
     "native": 2,  # other systems' exports, read into dumps.Dump

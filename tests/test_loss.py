@@ -141,3 +141,63 @@ def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
         )
     surrogate = -(w * -(logp_s_y - logp_t_y) * logp_s_y).mean()
     assert_close(loss, surrogate, atol=1e-5, what="TIS-weighted sampled-token loss")
+
+
+def expected_gradient(student, teacher, engine, estimator: str, tis_cap: float) -> torch.Tensor:
+    """E_{y ~ π_engine}[∇ of loss.sampled_terms], by enumerating every token of a small vocabulary."""
+    from loss import sampled_terms
+
+    q = engine.softmax(-1)[0]
+    logq = engine.log_softmax(-1)[0]
+    grad = torch.zeros_like(student)
+    for y in range(student.shape[1]):
+        _, logp_s, logp_t = reverse_kl_terms(student, teacher, torch.tensor([y]))
+        term = sampled_terms(logp_s, logp_t, logq[y : y + 1], estimator=estimator, tis_cap=tis_cap)
+        (g,) = torch.autograd.grad(term.sum(), student)
+        grad += q[y] * g
+    return grad
+
+
+ESTIMATOR_CASES = [("sampled", 0.0), ("sampled", 2.0), ("sampled", float("inf")), ("sampler", float("inf"))]
+
+
+@pytest.mark.parametrize("estimator, cap", ESTIMATOR_CASES)
+def test_every_sampled_estimator_is_unbiased_without_mismatch(estimator, cap):
+    """Engine = trainer: each sampled-token estimator's expected gradient is the analytic one."""
+    torch.manual_seed(2)
+    teacher, student = torch.randn(1, 6), torch.randn(1, 6, requires_grad=True)
+    (analytic,) = torch.autograd.grad(
+        reverse_kl_terms(student, teacher, torch.zeros(1).long())[0].sum(), student
+    )
+    grad = expected_gradient(student, teacher, student.detach(), estimator=estimator, tis_cap=cap)
+    assert_close(grad, analytic, atol=1e-6, what=f"{estimator} cap {cap}: E[gradient] vs analytic")
+
+
+def test_a_mismatched_engine_biases_each_estimator_as_its_formula_says():
+    """A fixed engine π_e ≠ π_train: the expected gradients follow loss.py's formulas, and they differ.
+    Full IS (sampled, cap inf) removes the per-token bias; tinker's sampler-IS keeps log π_e in the
+    advantage, so the engine's error enters every term; without IS the sampled estimator is biased too."""
+    torch.manual_seed(3)
+    teacher, student = torch.randn(1, 6), torch.randn(1, 6, requires_grad=True)
+    engine = student.detach() + 0.8 * torch.randn(1, 6)
+    (analytic,) = torch.autograd.grad(
+        reverse_kl_terms(student, teacher, torch.zeros(1).long())[0].sum(), student
+    )
+    p, q = student.softmax(-1)[0], engine.softmax(-1)[0]
+    logp, logq, logt = student.log_softmax(-1)[0], engine.log_softmax(-1)[0], teacher.log_softmax(-1)[0]
+    # closed forms: Σ_y weight(y) · ∇ log p(y), ∇ log p(y) = e_y − p
+    eye = torch.eye(6)
+
+    def closed(weight_V):
+        return (weight_V.detach()[:, None] * (eye - p.detach())).sum(0, keepdim=True)
+
+    grads = {case: expected_gradient(student, teacher, engine, *case) for case in ESTIMATOR_CASES}
+    assert_close(grads[("sampled", 0.0)], closed(q * (logp - logt)), atol=1e-6, what="sampled, no IS")
+    assert_close(grads[("sampled", float("inf"))], analytic, atol=1e-6, what="sampled, full IS")
+    assert_close(grads[("sampler", float("inf"))], closed(p * (logq - logt)), atol=1e-6, what="sampler-IS")
+    capped = torch.minimum(p / q, torch.tensor(2.0))
+    assert_close(
+        grads[("sampled", 2.0)], closed(q * capped * (logp - logt)), atol=1e-6, what="sampled, TIS 2"
+    )
+    gap = {case: (g - analytic).norm().item() for case, g in grads.items()}
+    assert gap[("sampled", 0.0)] > 0.05 and gap[("sampler", float("inf"))] > 0.05, gap

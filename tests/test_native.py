@@ -20,14 +20,16 @@ from native_fixtures import (
 )
 
 import admit
+import budget
 from audit import by_position, token_estimates
 from kl import dump_estimate
 from native import merge, read_native, select_steps
 
 MASKED = {"prime-rl", "slime", "slime-main", "verl", "trl"}  # formats whose responses hold tool tokens
 BUDGET = {
-    "schema_version": admit.SCHEMA_VERSION,
+    "schema_version": budget.SCHEMA_VERSION,
     "pair": "tiny",
+    "loss": "analytic",
     "budget": 0.05,
     "how": "crossing",
     "tolerance": {"nats": 0.01},
