@@ -105,7 +105,7 @@ FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, 
 def what_it_buys(student, cfg: RolloutConfig) -> dict:
     """The engine copy's weight bytes and KV bytes per token, in its real dtypes (fp8 weights: the Linear
     layers not skipped, 1 byte each plus an fp32 scale per row), against the trainer's fp32 copy."""
-    high = 2 if cfg.weights == "bf16" else 4
+    high = 2 if cfg.weights in ("bf16", "fp8-dyn") else 4  # fp8-dyn engines compute in bf16 (rollout.py)
     fp8_elems, fp8_rows = fp8_linear_size(student, cfg.fp8_skip) if cfg.weights in FP8_WEIGHTS else (0, 0)
     n = n_params(student)
     return {

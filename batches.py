@@ -37,6 +37,10 @@ class Batches:
            version s − 1 (the weights entering step s), so every batch is exactly one version staler than
            in sync mode (version max(s − 2, 0)); the batches are the ones sync mode with staleness + 1
            would draw. The trainer snapshots its weights before the update; the worker rebuilds the engine.
+    On a GPU the worker queues its kernels on a CUDA stream of its own, so sampling overlaps the trainer's
+    kernels instead of queueing behind them on the default stream: it waits only for the snapshot's copies
+    (an event recorded after them), and the batch it returns is complete (stream synchronised) and marked
+    as used by the trainer's stream, so the allocator does not reuse its memory too early.
     state() is what a checkpoint needs to continue exactly: the engine's last k snapshots (staleness k) and,
     in async mode, the batch the worker prepared for the next step.
     """
@@ -44,11 +48,33 @@ class Batches:
     def __init__(self, pair, engine: RolloutEngine, cfg, device):
         self.pair, self.engine, self.cfg, self.device = pair, engine, cfg, device
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if cfg.async_rollout else None
+        on_gpu = cfg.async_rollout and torch.device(device).type == "cuda"
+        self.stream = torch.cuda.Stream(device) if on_gpu else None  # async on a GPU: the worker's stream
         self.pending = None  # async: the future of the next step's batch
 
-    def _sample(self, version: int, weights: dict, step: int):
-        self.engine.receive(version, weights)
-        return train_rollout(self.pair, self.engine, self.cfg, step=step, device=self.device)
+    def _submit(self, student, version: int, step: int) -> Future:
+        """Snapshot the weights (on the trainer's stream) and let the worker sample step's batch from them."""
+        weights = snapshot(student)
+        ready = None
+        if self.stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()  # after the snapshot's copies, on the trainer's (current) stream
+        return self.pool.submit(self._sample, version, weights, step, ready)
+
+    def _sample(self, version: int, weights: dict, step: int, ready=None):
+        if self.stream is None:
+            self.engine.receive(version, weights)
+            return train_rollout(self.pair, self.engine, self.cfg, step=step, device=self.device)
+        self.stream.wait_event(ready)
+        with torch.cuda.stream(self.stream):
+            self.engine.receive(version, weights)
+            rollout, prompts = train_rollout(self.pair, self.engine, self.cfg, step=step, device=self.device)
+        trainer_stream = torch.cuda.default_stream(self.stream.device)
+        for value in rollout.__dict__.values():
+            if torch.is_tensor(value):
+                value.record_stream(trainer_stream)
+        self.stream.synchronize()
+        return rollout, prompts
 
     def get(self, student, step: int):
         """Step s's (rollout, prompts). Async: the batch prepared during step s − 1 (or, on the first step
@@ -57,14 +83,14 @@ class Batches:
             self.engine.sync(student, version=step - 1)
             return train_rollout(self.pair, self.engine, self.cfg, step=step, device=self.device)
         if self.pending is None:
-            self.pending = self.pool.submit(self._sample, step - 1, snapshot(student), step)
+            self.pending = self._submit(student, version=step - 1, step=step)
         batch, self.pending = self.pending.result(), None
         return batch
 
     def prefetch(self, student, step: int) -> None:
         """Async: start sampling step s+1's batch from the weights entering step s (before the update)."""
         if self.pool is not None and step < self.cfg.steps:
-            self.pending = self.pool.submit(self._sample, step - 1, snapshot(student), step + 1)
+            self.pending = self._submit(student, version=step - 1, step=step + 1)
 
     def wait(self) -> None:
         """Let the worker finish (before evaluation: tokenizers are not safe to call from two threads)."""

@@ -19,7 +19,9 @@ Every pair has a chat template, so prompts are formatted the same way everywhere
 """
 
 import copy
+import functools
 import importlib.util
+import inspect
 import json
 import os
 import platform
@@ -71,6 +73,23 @@ def format_prompt(tokenizer, text: str) -> str:
         return text
     messages = [{"role": "user", "content": text}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# transformers versions
+
+
+@functools.cache
+def _cache_keyword(model_class) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_arg(model, cache) -> dict:
+    """The KV cache as a forward() keyword argument: `cache` in transformers 5.24 (which accepts the old
+    `past_key_values` until 5.40), `past_key_values` in older 5.x releases such as 5.17, whose forward()
+    silently ignores `cache=` and would decode every token without its history."""
+    return {_cache_keyword(type(model)): cache}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ Fp8QuantizedLayer attends to the unquantized states in prefill.) The e4m3 storag
 written in place; each position is dequantized once, into a working copy attention reads (see Fp8KVLayer).
 
 FP8 weights go through torchao (`quantize_weights`: fp8 weight-only, fp8-dyn W8A8 on CUDA sm >= 8.9, and
-fp8-emu, a fake-quantized emulation of W8A8 that runs anywhere).
+fp8-emu, a fake-quantized emulation of W8A8 that runs anywhere). torchao is optional: without it the FP8
+weight modes refuse with one line and everything else runs.
 
     python quant.py kv-capacity --memory-gb 80    # KV tokens that fit: bf16 vs fp8 weights and KV cache
 """
@@ -30,12 +31,17 @@ from dataclasses import dataclass
 import torch
 
 from cli import BadInput, Parser, fail, positive_float
-from models import PAIRS, format_prompt, load_pair, n_params
+from models import PAIRS, cache_arg, format_prompt, load_pair, n_params
 
-from torchao.quantization import Float8DynamicActivationFloat8WeightConfig  # isort: skip
-from torchao.quantization import Float8WeightOnlyConfig  # isort: skip
-from torchao.quantization import PerRow, quantize_  # isort: skip
-from torchao.quantization.qat import Float8FakeQuantizeConfig, QATConfig  # isort: skip
+try:  # torchao is optional: without it the FP8 weight modes refuse with one line, everything else runs
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig  # isort: skip
+    from torchao.quantization import Float8WeightOnlyConfig  # isort: skip
+    from torchao.quantization import PerRow, quantize_  # isort: skip
+    from torchao.quantization.qat import Float8FakeQuantizeConfig, QATConfig  # isort: skip
+
+    HAVE_TORCHAO = True
+except ImportError:
+    HAVE_TORCHAO = False
 from transformers import DynamicCache  # isort: skip
 from transformers.cache_utils import Cache, DynamicLayer  # isort: skip
 
@@ -79,11 +85,16 @@ class Fp8KVLayer(DynamicLayer):
     re-done over a 300-token history at every step would add a quarter to the decode time. The working copy is
     what a CPU needs to attend; an FP8 engine on a GPU attends to the e4m3 storage directly, and the storage
     (plus scales) is what `keys`/`values`, `cache_bytes` and the KV-capacity arithmetic count.
+
+    working_copy=False keeps no working copy: every update dequantizes the whole stored sequence into a
+    temporary that attention reads and then frees. Same values (q · s, elementwise), one byte per element
+    held instead of 1 + the compute dtype's: what a GPU needs for the cache to hold more tokens than bf16.
     """
 
-    def __init__(self, key_scale: torch.Tensor, value_scale: torch.Tensor):
+    def __init__(self, key_scale: torch.Tensor, value_scale: torch.Tensor, working_copy: bool = True):
         super().__init__()
         self.key_scale, self.value_scale = key_scale, value_scale
+        self.working_copy = working_copy
         self.length = 0
 
     @property
@@ -109,7 +120,8 @@ class Fp8KVLayer(DynamicLayer):
         B, H, T, D = key_states.shape
         self.k_store = torch.empty(B, H, max(T, 16), D, dtype=FP8, device=self.device)
         self.v_store = torch.empty_like(self.k_store)
-        self.k_work = torch.empty(B, H, max(T, 16), D, dtype=self.dtype, device=self.device)
+        work_len = max(T, 16) if self.working_copy else 0
+        self.k_work = torch.empty(B, H, work_len, D, dtype=self.dtype, device=self.device)
         self.v_work = torch.empty_like(self.k_work)
         self.key_scale = self.key_scale.to(self.device)
         self.value_scale = self.value_scale.to(self.device)
@@ -119,7 +131,7 @@ class Fp8KVLayer(DynamicLayer):
         capacity = self.k_store.shape[2]
         if needed > capacity:
             new = max(needed, 2 * capacity)
-            for name in ("k_store", "v_store", "k_work", "v_work"):
+            for name in ("k_store", "v_store", "k_work", "v_work")[: 4 if self.working_copy else 2]:
                 old = getattr(self, name)
                 grown = torch.empty(*old.shape[:2], new, old.shape[3], dtype=old.dtype, device=self.device)
                 grown[:, :, : self.length] = old[:, :, : self.length]
@@ -136,8 +148,14 @@ class Fp8KVLayer(DynamicLayer):
         ):
             q = quantize_fp8(states, scale)
             store[:, :, start:end] = q
-            work[:, :, start:end] = dequantize_fp8(q, scale, self.dtype)
+            if self.working_copy:
+                work[:, :, start:end] = dequantize_fp8(q, scale, self.dtype)
         self.length = end
+        if not self.working_copy:
+            return (
+                dequantize_fp8(self.keys, self.key_scale, self.dtype),
+                dequantize_fp8(self.values, self.value_scale, self.dtype),
+            )
         return self.k_work[:, :, :end], self.v_work[:, :, :end]
 
     def get_seq_length(self) -> int:
@@ -161,8 +179,10 @@ class KVScales:
         return KVScales([one] * config.num_hidden_layers, [one] * config.num_hidden_layers)
 
 
-def fp8_kv_cache(scales: KVScales) -> Cache:
-    return Cache(layers=[Fp8KVLayer(k, v) for k, v in zip(scales.keys, scales.values)])
+def fp8_kv_cache(scales: KVScales, working_copy: bool = True) -> Cache:
+    """An FP8 KV cache of Fp8KVLayers (working_copy: see Fp8KVLayer; the engine keeps one on CPU only)."""
+    layers = [Fp8KVLayer(k, v, working_copy=working_copy) for k, v in zip(scales.keys, scales.values)]
+    return Cache(layers=layers)
 
 
 class AmaxRecorder(DynamicLayer):
@@ -255,7 +275,12 @@ def measured_kv_bytes(model, tokenizer, prompts: list[str]) -> dict:
     out = {}
     for kind, cache in caches.items():
         runner = model.to(torch.bfloat16) if kind == "bf16" else model.float()
-        runner(input_ids=enc.input_ids, attention_mask=enc.attention_mask, cache=cache, use_cache=True)
+        runner(
+            input_ids=enc.input_ids,
+            attention_mask=enc.attention_mask,
+            **cache_arg(runner, cache),
+            use_cache=True,
+        )
         tokens = cache.layers[0].keys.shape[0] * cache.layers[0].keys.shape[2]  # batch × cached positions
         out[kind] = cache_bytes(cache) / tokens
     model.float()
@@ -303,8 +328,20 @@ def shape_of(name: str, model) -> ModelShape:
 DEFAULT_SKIP = ("lm_head",)  # the output head stays in high precision unless a skip list without it is given
 
 
-def fp8_dyn_available() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+def fp8_dyn_available(device=None) -> bool:
+    """Real FP8 matmuls (torch._scaled_mm) need a CUDA device of compute capability >= 8.9 (Ada, Hopper).
+    `device`: where the model lives (None: the current CUDA device); a CPU model never qualifies."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _device_text(device: torch.device) -> str:
+    if device.type != "cuda":
+        return f"a {device.type.upper()} model"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
 
 
 def fp8_linear_size(model, skip=DEFAULT_SKIP) -> tuple[int, int]:
@@ -340,10 +377,16 @@ def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
     """
     if mode not in FP8_WEIGHTS:
         raise BadInput(f"weights {mode!r}: choose one of {', '.join(FP8_WEIGHTS)}")
-    if mode == "fp8-dyn" and not fp8_dyn_available():
+    if not HAVE_TORCHAO:
         raise BadInput(
-            "weights 'fp8-dyn' needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper); "
-            "use 'fp8' or the emulation 'fp8-emu' here"
+            f"weights {mode!r} needs torchao, which is not installed here (pip install torchao==0.18.0); "
+            "use 'fp32' or 'bf16' weights without it"
+        )
+    device = next(model.parameters()).device
+    if mode == "fp8-dyn" and not fp8_dyn_available(device):
+        raise BadInput(
+            f"weights 'fp8-dyn' needs a CUDA GPU with compute capability >= 8.9 (Ada/Hopper), not "
+            f"{_device_text(device)}; use 'fp8' or the emulation 'fp8-emu' here"
         )
 
     def keep_in_fp8(module, name: str) -> bool:

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from cli import EXPECTED, BadInput, NonFinite, Parser, fail, fraction, nonneg_float, nonneg_int, positive_int
-from models import MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair
-from quant import AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, scales_from_amax
+from models import MAX_NEW_TOKENS, PAIRS, cache_arg, format_prompt, load_pair
+from quant import FP8_WEIGHTS, AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, scales_from_amax
 
 from transformers import DynamicCache  # isort: skip
 from transformers.cache_utils import Cache  # isort: skip
@@ -189,10 +189,11 @@ SMALL_BATCH = 16  # rows up to which `W @ x.T` beats F.linear's GEMM on CPU (mea
 
 def _small_batch_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """nn.Linear.forward for a few rows, as `W @ x.T`: on CPU this product streams W at memory speed, where
-    F.linear's small-M GEMM reaches half of it ([4, 576] @ [576, 49152]: 9 ms vs 23 ms). Other inputs, and
-    quantized weights (a torchao tensor subclass), take F.linear."""
+    F.linear's small-M GEMM reaches half of it ([4, 576] @ [576, 49152]: 9 ms vs 23 ms). Other inputs, GPU
+    inputs (the gap was measured on CPU only) and quantized weights (a torchao tensor subclass) take
+    F.linear."""
     rows = x.numel() // module.in_features
-    if rows > SMALL_BATCH or type(module.weight) is not torch.nn.Parameter:
+    if rows > SMALL_BATCH or type(module.weight) is not torch.nn.Parameter or x.device.type != "cpu":
         return F.linear(x, module.weight, module.bias)
     out_N_O = (module.weight @ x.reshape(rows, module.in_features).T).T
     if module.bias is not None:
@@ -220,11 +221,12 @@ def response_hidden(model, rollout: Rollout, cache=None) -> tuple[torch.Tensor, 
     Returns h_N_H and y_N, N = response tokens in the batch (row-major). `cache`: an empty KV cache to score
     through (the engine's FP8 cache, so its rounding is included).
     """
-    out = model.get_decoder()(
+    decoder = model.get_decoder()
+    out = decoder(
         input_ids=rollout.tokens,
         attention_mask=rollout.attention_mask,
         position_ids=positions(rollout.attention_mask),
-        cache=cache,
+        **cache_arg(decoder, cache),
         use_cache=cache is not None,
     )
     target_B_T = rollout.targets()
@@ -248,7 +250,7 @@ def prefill(model, ids_B_P, attn_B_P, cache) -> torch.Tensor:
         input_ids=ids_B_P,
         attention_mask=attn_B_P,
         position_ids=pos_B_P,
-        cache=cache,
+        **cache_arg(model, cache),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -262,7 +264,7 @@ def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
         input_ids=token_B[:, None],
         attention_mask=attn_B_T,
         position_ids=pos_B_1,
-        cache=cache,
+        **cache_arg(model, cache),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -369,6 +371,7 @@ class RolloutEngine:
                      (memory: (k+1) × the student's fp32 size, about 0.45 GB each for smollm2);
         noise σ      add_weight_noise with a generator seeded by (seed, served version): reproducible;
         weights      the copy cast to bf16 or quantized to FP8 (quant.quantize_weights), after the noise;
+                     fp8-dyn casts to bf16 first (torchao's per-row FP8 matmul takes bf16 in and out);
         kv_cache     fp8: quant.Fp8KVLayer with calibrated (probe prompts, recomputed at every new version)
                      or unit scales.
     The engine's model is rebuilt from the served snapshot at every new version, so FP8 weights are
@@ -414,9 +417,9 @@ class RolloutEngine:
                     f"--noise {self.cfg.noise:g} makes the engine's weights non-finite (version "
                     f"{version}); use a smaller --noise"
                 )
-        if self.cfg.weights == "bf16":
+        if self.cfg.weights in ("bf16", "fp8-dyn"):  # torchao's per-row W8A8 takes bf16 weights only
             model = model.to(torch.bfloat16)
-        elif self.cfg.weights != "fp32":
+        if self.cfg.weights in FP8_WEIGHTS:
             quantize_weights(model, self.cfg.weights, self.cfg.fp8_skip)
         model.eval()
         if self.cfg.kv_cache == "fp8":
@@ -429,8 +432,11 @@ class RolloutEngine:
         return model
 
     def new_cache(self):
-        """An empty KV cache of the engine's kind (None = the model's default)."""
-        return fp8_kv_cache(self.kv_scales) if self.cfg.kv_cache == "fp8" else None
+        """An empty KV cache of the engine's kind (None = the model's default). The FP8 cache keeps a
+        working copy on CPU only (faster there); on a GPU it holds one byte per element (quant.Fp8KVLayer)."""
+        if self.cfg.kv_cache != "fp8":
+            return None
+        return fp8_kv_cache(self.kv_scales, working_copy=self.device.type == "cpu")
 
     def generate(self, prompts: list[str], generator: torch.Generator | None = None) -> Rollout:
         """Sample with the served weights, recording the engine's distributions (see the module docstring)."""
