@@ -27,7 +27,6 @@ check      Measures a candidate configuration's canonical mismatch on held-out p
 
 import json
 import math
-import os
 import random
 import shlex
 import statistics
@@ -40,7 +39,8 @@ import torch
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from cli import EXPECTED, BadInput, Parser, comma_floats, fail, open_fraction, positive_int, process_seconds
+from cli import (EXPECTED, BadInput, Parser, check_output_dir, comma_floats, fail, open_fraction,
+                 positive_int, process_seconds, seed_int)
 from dumps import read_dump
 from evaluate import evaluate
 from mismatch import bootstrap_ci, dump_estimate, measure_config
@@ -56,7 +56,7 @@ from models import (
 )
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from runfiles import atomic_write_text, load_checkpoint, read_metrics, run_seconds
+from runfiles import atomic_save, atomic_write_text, load_cached, load_checkpoint, read_metrics, run_seconds
 from train import pair_config, run_or_resume, trajectory
 
 SCHEMA_VERSION = 2  # 2: the budget is on the probe measurement (version 1 used the training-mean mismatch)
@@ -270,12 +270,10 @@ def stale_versions(pair, k: int, device) -> tuple[list[dict], dict]:
     path = cache_dir() / "trajectories" / f"{pair.name}-{k}-{tag or 'defaults'}.pt"
     t0 = time.time()
     if path.is_file():
-        versions = torch.load(path, map_location=device, weights_only=True)
-        return versions, {"cached": True, "seconds": time.time() - t0}
+        return load_cached(path, device), {"cached": True, "seconds": time.time() - t0}
     versions = trajectory(pair, k, device, **over)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(versions, path.with_name(path.name + f".tmp{os.getpid()}"))
-    os.replace(path.with_name(path.name + f".tmp{os.getpid()}"), path)
+    atomic_save(versions, path)
     return versions, {"cached": False, "seconds": time.time() - t0}
 
 
@@ -530,27 +528,37 @@ BUDGET_HOWS = ("crossing", "all-within", "none-within")
 FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, ...) up to the cap
 
 
+MAX_BUDGET_BYTES = 2**20  # a budget.json is a few KB; a larger file is not one
+
+
 def read_budget(path: Path, pair: str | None) -> dict:
-    """A budget.json, checked: schema, pair (None: any, for dumps), and finite numbers where numbers go."""
+    """A budget.json, checked: schema, pair (None: any, for dumps), and typed numbers where numbers go
+    (no bools, finite, budget >= 0, tolerance > 0, seconds_per_run > 0)."""
     if not path.is_file():
         raise BadInput(f"--budget {path}: no such file (make one with `python admit.py calibrate`)")
+    if path.stat().st_size > MAX_BUDGET_BYTES:
+        raise BadInput(f"--budget {path}: {path.stat().st_size} bytes; a budget.json is under 1 MiB")
     try:
         budget = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit integer
         raise BadInput(f"--budget {path}: not JSON ({getattr(e, 'msg', type(e).__name__)})") from None
     version = budget.get("schema_version") if isinstance(budget, dict) else None
     if version != SCHEMA_VERSION:
         raise BadInput(f"--budget {path}: schema_version {version!r}, this admit.py reads {SCHEMA_VERSION}")
     if pair is not None and budget.get("pair") != pair:
         raise BadInput(f"--budget {path} was calibrated for pair {budget.get('pair')!r}, not --pair {pair!r}")
-    numbers = {
-        "budget": budget.get("budget"),
-        "seconds_per_run": budget.get("seconds_per_run"),
-        "tolerance.nats": (budget.get("tolerance") or {}).get("nats"),
+    tolerance = budget.get("tolerance")
+    numbers = {  # key: (value, smallest allowed, whether the smallest is allowed)
+        "budget": (budget.get("budget"), 0, True),
+        "seconds_per_run": (budget.get("seconds_per_run"), 0, False),
+        "tolerance.nats": (tolerance.get("nats") if isinstance(tolerance, dict) else tolerance, 0, False),
     }
-    for key, value in numbers.items():
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise BadInput(f"--budget {path}: {key} is {value!r}; expected a finite number >= 0")
+    for key, (value, low, closed) in numbers.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e308
+        if not number or not math.isfinite(value) or value < low or (value == low and not closed):
+            shown = str(value)[:40] if isinstance(value, int) else repr(value)[:40]
+            raise BadInput(f"--budget {path}: {key} is {shown}; expected a finite number "
+                           f"{'>=' if closed else '>'} {low}")
     if budget.get("how") not in BUDGET_HOWS:
         raise BadInput(
             f"--budget {path}: how is {budget.get('how')!r}; expected one of {', '.join(BUDGET_HOWS)}"
@@ -716,7 +724,7 @@ def build_parser() -> Parser:
     )
     chk.add_argument("--json", action="store_true", help="print the result as JSON")
     chk.add_argument(
-        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+        "--seed", type=seed_int, default=RolloutConfig.seed, help="sampling and noise seed (default: 0)"
     )
     add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
     for sp in (cal, chk):
@@ -759,7 +767,7 @@ def main(argv=None) -> None:
     try:
         device = resolve_device(args.device)
         if args.cmd == "calibrate":
-            out = Path(args.out or f"budgets/{args.pair}")
+            out = check_output_dir(args.out or f"budgets/{args.pair}", "--out")
             real = [r for r in args.real.split(",") if r]
             calibration_configs([], real)  # refuses an unknown --real before any run starts
             command = shlex.join(

@@ -14,16 +14,17 @@ sensitivity  one decoder block of the student in FP8 at a time, everything else 
 
 import json
 import time
-from pathlib import Path
 
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from cli import EXPECTED, BadInput, Parser, fail, positive_float, positive_int
+from cli import (EXPECTED, Parser, atomic_write_text, check_output_dir, fail, positive_float, positive_int,
+                 seed_int)
 from mismatch import DEFAULT_PROBES, PROBES, measure_config, measure_sources, print_results
 from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
 from quant import FP8_WEIGHTS, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
+from runfiles import atomic_savefig
 from train import trajectory
 
 
@@ -96,7 +97,7 @@ def plot_sensitivity(result: dict, path, title: str) -> None:
         title=title,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path)
 
 
 def build_parser() -> Parser:
@@ -110,7 +111,7 @@ def build_parser() -> Parser:
     )
     src.add_argument("--json", action="store_true", help="print JSON rows")
     src.add_argument(
-        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+        "--seed", type=seed_int, default=RolloutConfig.seed, help="sampling and noise seed (default: 0)"
     )
     add_rollout_args(src.add_argument_group("rollout engine"), sampling=False)
     sens = sub.add_parser(
@@ -134,9 +135,7 @@ def build_parser() -> Parser:
 
 
 def run_sensitivity(args, device: str) -> None:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {out}: is a file, not a folder")
+    out = check_output_dir(args.out, "--out")
     t0 = time.time()
     pair = load_pair(args.pair, device=device)
     result = sensitivity(
@@ -156,7 +155,7 @@ def run_sensitivity(args, device: str) -> None:
     plot_sensitivity(
         result, stem.with_suffix(".png"), f"{args.pair}: FP8 ({args.weights}) one block at a time, {device}"
     )
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     print(f"{args.pair} {args.weights}: all blocks FP8 -> {result['all_fp8']:.3e} nats/token")
     print(
         "ranking (block: mismatch alone): "
