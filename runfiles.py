@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from cli import BadInput, append_text, atomic_write, atomic_write_text, check_output_dir
+from cli import BadInput, WriteFailed, append_text, atomic_write, atomic_write_text, check_output_dir
 
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "curves.png")
 
@@ -214,7 +214,12 @@ class RunLock:
     def acquire(self) -> None:
         mine = self.path.with_name(f".lock.{os.getpid()}.{threading.get_ident()}.new")
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n"
-        atomic_write(mine, lambda f: f.write(record.encode()))  # a full disk: WriteFailed, nothing left
+        try:
+            atomic_write(mine, lambda f: f.write(record.encode()))
+        except WriteFailed as e:  # a full disk before the start: nothing is left behind
+            reason = str(e).split(" (", 1)[1].split(");", 1)[0]
+            raise WriteFailed(f"could not write {self.path} ({reason}); nothing was started: free space and "
+                              "run again") from e
         fd = os.open(mine, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows this file yet
@@ -443,7 +448,10 @@ def resume_changes(saved: dict, asked: dict, given: set[str], safe: tuple, sourc
 
 
 def note_changes(differ: dict) -> None:
+    """One note per changed setting; where the folder lies (name, out_dir) is not a setting."""
     for key, (old, new) in differ.items():
+        if key in ("name", "out_dir"):
+            continue
         print(f"note: --resume: {key} {new!r} (was {old!r}); recorded in config.json", file=sys.stderr)
 
 
