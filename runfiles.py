@@ -25,6 +25,7 @@ import fcntl
 import json
 import math
 import os
+import shlex
 import socket
 import sys
 import threading
@@ -319,6 +320,11 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
     if resume and not (run_dir / "config.json").is_file():
         raise BadInput(f"--resume: {run_dir} has no config.json; nothing to resume (start it without "
                        "--resume)")
+
+
+def resume_command(cfg) -> str:
+    """The command that resumes the run of cfg (a train.TrainConfig): for the line an interrupted run ends with."""
+    return shlex.join(["python", "train.py", "--out-dir", cfg.out_dir, "--name", cfg.name, "--resume"])
 
 
 def check_target(out_dir: str, name: str, resume: bool) -> Path:

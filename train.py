@@ -17,6 +17,7 @@ One step (see loss.py for the formulas):
 Outputs go to runs/<name>/ (runfiles.py): config.json, metrics.jsonl (a line per step), checkpoint.pt (every
 `ckpt_every` steps or `ckpt_minutes` minutes, and at the end), curves.png. `--resume` continues a killed run
 exactly from its last checkpoint (stale and async runs too): the steps after it are redone identically.
+SIGINT or SIGTERM stops a run after its current step, with a checkpoint there (exit 130 / 143).
 
     python train.py                    # smollm2 pair, ~3 min on a 2-core CPU
     python train.py --pair tiny        # addition task; prints accuracy
@@ -27,7 +28,6 @@ exactly from its last checkpoint (stale and async runs too): the steps after it 
 
 import copy
 import math
-import shlex
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -47,7 +47,7 @@ from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, s
 from runfiles import (RunLock, append_metrics, atomic_save, changes, check_target, claim, clean_leftovers,
                       load_checkpoint, load_config, note_changes, plot_curves, read_metrics,
                       reconcile_metrics, refuse_unsafe, remove_made, restore_state, resume_changes,
-                      reusable_run, start_files, summary)
+                      resume_command, reusable_run, start_files, summary)
 
 
 @dataclass
@@ -295,10 +295,6 @@ def train_loop(run: Run, quiet: bool) -> None:
         bar.set_postfix({k: f"{rec[k]:.3f}" for k in shown if k in rec})
 
 
-def resume_command(cfg: TrainConfig) -> str:
-    return shlex.join(["python", "train.py", "--out-dir", cfg.out_dir, "--name", cfg.name, "--resume"])
-
-
 def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dict]:
     """Train according to cfg; return the metric records. The run folder must be new unless resume.
     SIGINT or SIGTERM stops it after the current step with a checkpoint (cli.Interrupted)."""
@@ -306,7 +302,9 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
         r = prepare(cfg, resume)
         r.stop = stop
         try:
-            stop.check(f"interrupted before step {r.start}; resume with: {resume_command(cfg)}")
+            fresh = r.start == 1 and not resume
+            stop.check("interrupted before the run started; nothing was written" if fresh
+                       else f"interrupted before step {r.start}; resume with: {resume_command(cfg)}")
             start_files(r.dir, r.records, config=asdict(cfg))
             if r.start == 1:  # step 0: the untrained student, evaluated once
                 t0 = time.time()

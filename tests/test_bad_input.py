@@ -735,3 +735,28 @@ def test_resume_applies_the_safe_flags_and_records_them(workdir, tmp_path, monke
     saved = json.loads((tmp_path / "runs" / "again" / "config.json").read_text())
     assert (saved["steps"], saved["ckpt_every"]) == (3, 3)
     assert [r["step"] for r in metric_lines(tmp_path / "runs" / "again")] == [0, 1, 2, 3]
+
+
+def test_a_read_only_output_folder_is_refused_before_any_work(tmp_path, monkeypatch):
+    """A read-only mount: access(2) says EROFS even to root, whom a chmod would not stop (so it is simulated)."""
+    import cli
+    from cli import BadInput, check_output_dir, check_output_file
+
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    with pytest.raises(BadInput, match="is not writable"):
+        check_output_dir(tmp_path / "runs", "--out-dir")
+    with pytest.raises(BadInput, match="is not writable"):
+        check_output_file(tmp_path / "dump.jsonl", "--dump-out")
+
+
+def test_a_zero_byte_or_truncated_cache_file_is_one_line(tmp_path):
+    from cli import BadInput
+    from runfiles import load_cached
+
+    (tmp_path / "empty.pt").write_bytes(b"")
+    torch.save([{"w": torch.ones(1000)}], tmp_path / "whole.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:600])
+    for name in ("empty.pt", "cut.pt"):
+        with pytest.raises(BadInput, match=f"{name}: a cached file that cannot be read"):
+            load_cached(tmp_path / name, "cpu")
