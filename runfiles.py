@@ -323,7 +323,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 def resume_command(cfg) -> str:
-    """The command that resumes the run of cfg (a train.TrainConfig): for the line an interrupted run ends with."""
+    """The command that resumes the run of cfg (a train.TrainConfig), for the line an interrupted run ends."""
     return shlex.join(["python", "train.py", "--out-dir", cfg.out_dir, "--name", cfg.name, "--resume"])
 
 
