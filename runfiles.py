@@ -167,8 +167,9 @@ def load_cached(path: Path, device):
 
 
 def clean_leftovers(run_dir: Path) -> None:
-    """Remove *.tmp files a killed save left behind (they are never read), with a note."""
-    for tmp in run_dir.glob("*.tmp"):
+    """Remove *.tmp files a killed save left behind (they are never read), with a note. Another process's
+    lock file in the making (.lock.*) is not ours to remove."""
+    for tmp in (p for p in run_dir.glob("*.tmp") if not p.name.startswith(".lock.")):
         print(
             f"note: removing {tmp} ({tmp.stat().st_size / 2**20:.0f} MiB), left by an interrupted save",
             file=sys.stderr,
@@ -207,6 +208,7 @@ class RunLock:
 
     def __init__(self, run_dir: Path):
         self.path, self.fd = Path(run_dir) / ".lock", None
+        self.made: list[Path] = []  # the folders `claim` created for this run (removed if it writes nothing)
 
     @property
     def held(self) -> bool:
