@@ -108,6 +108,15 @@ def reconcile_metrics(path: Path, upto: int, saved: list[dict] | None) -> list[d
     return records
 
 
+def refuse_finished(run_dir: Path, steps: int) -> None:
+    """A run whose metrics reach its `steps` finished; without its checkpoint it cannot be continued, and
+    starting it again would overwrite it: refused."""
+    records = read_metrics(run_dir / "metrics.jsonl", upto=steps)
+    if records and records[-1]["step"] == steps:
+        raise BadInput(f"--resume: {run_dir} finished its {steps} steps and has no checkpoint to continue "
+                       "from; it is kept as it is (choose another --name)")
+
+
 def start_files(run_dir: Path, records: list[dict], config: dict) -> None:
     """What a (re)started run writes first: metrics.jsonl holding `records` (a resume keeps the steps up to
     its checkpoint; later ones are redone exactly), and config.json."""

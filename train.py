@@ -46,8 +46,8 @@ from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
 from runfiles import (RunLock, append_metrics, atomic_save, changes, check_target, claim, clean_leftovers,
                       load_checkpoint, load_config, note_changes, plot_curves, read_metrics,
-                      reconcile_metrics, refuse_unsafe, remove_made, restore_state, resume_changes,
-                      resume_command, reusable_run, start_files, summary)
+                      reconcile_metrics, refuse_finished, refuse_unsafe, remove_made, restore_state,
+                      resume_changes, resume_command, reusable_run, start_files, summary)
 
 
 @dataclass
@@ -239,10 +239,12 @@ def prepare(cfg: TrainConfig, resume: bool) -> Run:
 def restore(run: Run) -> None:
     """Under the lock: the saved config must be this run's, then the checkpoint (if any) and the metrics."""
     cfg = run.cfg
-    differ = changes(asdict(load_config(run.dir, TrainConfig)), asdict(cfg))
+    saved = load_config(run.dir, TrainConfig)
+    differ = changes(asdict(saved), asdict(cfg))
     refuse_unsafe(differ, source=run.dir / "config.json", safe=SAFE_ON_RESUME)
     ckpt = run.dir / "checkpoint.pt"
     if not ckpt.exists():
+        refuse_finished(run.dir, steps=saved.steps)  # a finished run is never redone over its own files
         return note_changes(differ)  # killed before its first checkpoint: start again from step 0
     state = load_checkpoint(ckpt, run.device)
     if state["step"] > cfg.steps:

@@ -150,6 +150,7 @@ def write_bad_runs(root: Path) -> None:
     (metrics_dir / "metrics.jsonl").unlink()
     (metrics_dir / "metrics.jsonl").mkdir()
     (copy("lockdir") / ".lock").mkdir()
+    (copy("nockpt") / "checkpoint.pt").unlink()  # finished, its checkpoint removed to reclaim space
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +273,7 @@ TRAIN = [
     (["--resume", "--name", "asyncckpt"], "async_rollout"),
     (["--resume", "--name", "metricsdir"], "not a regular file"),
     (["--resume", "--name", "lockdir"], "not a lock file"),
+    (["--resume", "--name", "nockpt", "--steps", "3"], "finished its 2 steps and has no checkpoint"),
     (["--resume", "--name", "done", "--lr", "0.1"], "lr 0.1"),
     (["--resume", "--name", "done", "--weights", "bf16"], "rollout.weights"),
     (["--resume", "--name", "../runs/done"], "one folder name"),
