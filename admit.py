@@ -13,7 +13,6 @@ check  Measures a candidate configuration's canonical mismatch on held-out probe
 
 import json
 import math
-import os
 import shlex
 import sys
 import time
@@ -25,7 +24,7 @@ from transformers import AutoTokenizer
 
 from audit import draw, origins, report, token_estimates, top_tokens
 from budget import CALIBRATABLE, match_loss, read_budget
-from cli import EXPECTED, BadInput, Parser, cap_float, fail, positive_int, process_seconds
+from cli import EXPECTED, BadInput, Parser, cap_float, fail, positive_int, process_seconds, seed_int
 from kl import bootstrap_ci, dump_estimate
 from mismatch import measure_config
 from models import (
@@ -41,7 +40,7 @@ from models import (
 from native import FORMATS, merge, read_native, select_steps
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from runfiles import atomic_write_text
+from runfiles import atomic_save, atomic_write_text, load_cached
 from train import trajectory
 
 # ---------------------------------------------------------------------------------------------------
@@ -88,12 +87,10 @@ def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], di
     path = cache_dir() / "trajectories" / f"{pair.name}-{k}-{tag or 'defaults'}.pt"
     t0 = time.time()
     if path.is_file():
-        versions = torch.load(path, map_location=device, weights_only=True)
-        return versions, {"cached": True, "seconds": time.time() - t0}
+        return load_cached(path, device), {"cached": True, "seconds": time.time() - t0}
     versions = trajectory(pair, k, device, **over)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(versions, path.with_name(path.name + f".tmp{os.getpid()}"))
-    os.replace(path.with_name(path.name + f".tmp{os.getpid()}"), path)
+    atomic_save(versions, path)
     return versions, {"cached": False, "seconds": time.time() - t0}
 
 
@@ -290,7 +287,7 @@ def build_parser() -> Parser:
     )
     chk.add_argument("--json", action="store_true", help="print the result as JSON")
     chk.add_argument(
-        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+        "--seed", type=seed_int, default=RolloutConfig.seed, help="sampling and noise seed (default: 0)"
     )
     add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
     add_audit_parser(sub, chk)

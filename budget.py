@@ -66,27 +66,43 @@ def match_loss(budget: dict, loss: str | None, tis_cap: float | None) -> str:
     return loss_label(loss, tis_cap)
 
 
+MAX_BUDGET_BYTES = 2**20  # a budget.json is a few KB; a larger file is not one
+
+
+def check_numbers(budget: dict, where: str) -> None:
+    """Typed numbers where a budget has numbers: budget >= 0, seconds_per_run > 0, tolerance.nats > 0."""
+    tolerance = budget.get("tolerance")
+    numbers = {  # key: (value, smallest allowed, whether the smallest is allowed)
+        "budget": (budget.get("budget"), 0, True),
+        "seconds_per_run": (budget.get("seconds_per_run"), 0, False),
+        "tolerance.nats": (tolerance.get("nats") if isinstance(tolerance, dict) else tolerance, 0, False),
+    }
+    for key, (value, low, closed) in numbers.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e308
+        if not number or not math.isfinite(value) or value < low or (value == low and not closed):
+            shown = str(value)[:40] if isinstance(value, int) else repr(value)[:40]
+            raise BadInput(
+                f"{where}: {key} is {shown}; expected a finite number {'>=' if closed else '>'} {low}"
+            )
+
+
 def read_budget(path: Path, pair: str | None) -> dict:
-    """A budget.json, checked: schema, pair (None: any, for dumps), and finite numbers where numbers go."""
+    """A budget.json, checked: schema, pair (None: any, for dumps), typed numbers where numbers go (no bools,
+    finite, budget >= 0, tolerance > 0, seconds_per_run > 0) and the loss it holds for."""
     if not path.is_file():
         raise BadInput(f"--budget {path}: no such file (make one with `python calibrate.py`)")
+    if path.stat().st_size > MAX_BUDGET_BYTES:
+        raise BadInput(f"--budget {path}: {path.stat().st_size} bytes; a budget.json is under 1 MiB")
     try:
         budget = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit integer
         raise BadInput(f"--budget {path}: not JSON ({getattr(e, 'msg', type(e).__name__)})") from None
     version = budget.get("schema_version") if isinstance(budget, dict) else None
     if version != SCHEMA_VERSION:
         raise BadInput(f"--budget {path}: schema_version {version!r}, this admit.py reads {SCHEMA_VERSION}")
     if pair is not None and budget.get("pair") != pair:
         raise BadInput(f"--budget {path} was calibrated for pair {budget.get('pair')!r}, not --pair {pair!r}")
-    numbers = {
-        "budget": budget.get("budget"),
-        "seconds_per_run": budget.get("seconds_per_run"),
-        "tolerance.nats": (budget.get("tolerance") or {}).get("nats"),
-    }
-    for key, value in numbers.items():
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise BadInput(f"--budget {path}: {key} is {value!r}; expected a finite number >= 0")
+    check_numbers(budget, where=f"--budget {path}")
     if budget.get("how") not in BUDGET_HOWS:
         raise BadInput(
             f"--budget {path}: how is {budget.get('how')!r}; expected one of {', '.join(BUDGET_HOWS)}"

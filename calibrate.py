@@ -32,14 +32,23 @@ from tqdm import tqdm
 
 from admit import stale_versions
 from budget import CALIBRATABLE, SCALE, SCHEMA_VERSION, json_cap, loss_label
-from cli import EXPECTED, BadInput, Parser, cap_float, comma_floats, fail, open_fraction, positive_int
+from cli import (
+    EXPECTED,
+    BadInput,
+    Parser,
+    cap_float,
+    check_output_dir,
+    comma_floats,
+    fail,
+    open_fraction,
+    positive_int,
+)
 from evaluate import evaluate
 from mismatch import measure_config
 from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
 from rollout import RolloutConfig
-from runfiles import atomic_write_text, load_checkpoint, read_metrics, run_seconds
+from runfiles import atomic_savefig, atomic_write_text, load_checkpoint, read_metrics, run_seconds
 from train import pair_config, run_or_resume
-
 
 # ---------------------------------------------------------------------------------------------------
 # The budget fit (pure)
@@ -505,7 +514,7 @@ def plot_budget(budget: dict, path: Path) -> None:
     )
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the points fill the axes
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -569,9 +578,8 @@ def main(argv=None) -> None:
         if args.loss == "analytic" and args.tis_cap > 0:
             raise BadInput(f"--tis-cap {args.tis_cap:g}: the analytic loss has no importance weights")
         label = loss_label(args.loss, args.tis_cap)
-        out = Path(
-            args.out or (f"budgets/{args.pair}" if label == "analytic" else f"budgets/{args.pair}/{label}")
-        )
+        default = f"budgets/{args.pair}" if label == "analytic" else f"budgets/{args.pair}/{label}"
+        out = check_output_dir(args.out or default, "--out")
         real = [r for r in args.real.split(",") if r]
         calibration_configs([], real)  # refuses an unknown --real before any run starts
         command = shlex.join(["python", "calibrate.py", *(sys.argv[1:] if argv is None else argv)])

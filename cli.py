@@ -11,14 +11,25 @@ could not be written (`WriteFailed`: a full disk; the file's previous version is
 once there is room). `admit.py check` also exits 1 on a REJECT verdict and 4 on UNCERTAIN, so a CI job can
 gate on it.
 
-Converters check one value each; flags with a fixed set of values use argparse `choices=`.
+Converters check one value each and bound it by what the machine and the models can hold (a seed below
+2**63, a batch of at most MAX_BATCH rows, a temperature of 0 or at least MIN_TEMPERATURE); flags with a fixed
+set of values use argparse `choices=`.
+
+Every output goes through one guarded path: `check_output_dir` / `check_output_file` refuse a target that
+cannot be written (under a file, not writable, a FIFO or a device) before any work starts, and
+`atomic_write` / `append_text` write it so that a full disk is one `WriteFailed` line (exit 5) with nothing
+half-written. SIGINT and SIGTERM inside `StopSignals` only ask the program to stop at its next safe point
+(`Interrupted`: exit 130 / 143).
 """
 
 import argparse
 import logging
 import math
 import os
+import signal
+import stat
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,7 +56,15 @@ class WriteFailed(RuntimeError):
     removed and the previous version stays as it was."""
 
 
-EXPECTED = (BadInput, NonFinite, WriteFailed)  # the errors every entry point reports as one line
+class Interrupted(RuntimeError):
+    """SIGINT or SIGTERM stopped the program at a safe point: one line, exit 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.code = 128 + signum
+
+
+EXPECTED = (BadInput, NonFinite, WriteFailed, Interrupted)  # the errors every entry point reports as one line
 
 
 class Parser(argparse.ArgumentParser):
@@ -59,6 +78,9 @@ class Parser(argparse.ArgumentParser):
 def fail(error: Exception) -> None:
     """Print one of the EXPECTED errors as one line and exit with its code."""
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, Interrupted):  # not an error: the user asked the program to stop
+        sys.stderr.write(f"{first_line}\n")
+        sys.exit(error.code)
     sys.stderr.write(f"error: {first_line}\n")
     codes = {NonFinite: EXIT_NON_FINITE, WriteFailed: EXIT_WRITE_FAILED}
     sys.exit(codes.get(type(error), EXIT_BAD_INPUT))
@@ -90,8 +112,24 @@ def _converter(kind, ok, accepted: str):
     return convert
 
 
-positive_int = _converter(int, lambda x: x >= 1, "an integer >= 1")
-nonneg_int = _converter(int, lambda x: x >= 0, "an integer >= 0")
+MAX_INT = 2**31 - 1  # steps, intervals, sizes: no count this project uses comes near it
+MAX_BATCH = 4096  # rows a batch may hold (prompts, samples per prompt, probes)
+MAX_TOKENS = 2**16  # a response-length limit; each model's context bounds it further (models.check_prompts)
+MIN_TEMPERATURE = 1e-4  # below it, logits / T overflow fp32 to inf and the sampler's softmax is NaN
+MAX_TEMPERATURE = 1e4
+MAX_LR = 1e6  # no run trains above it, and past fp32's 3.4e38 AdamW cannot even hold the value
+
+positive_int = _converter(int, lambda x: 1 <= x <= MAX_INT, f"an integer in [1, {MAX_INT}]")
+nonneg_int = _converter(int, lambda x: 0 <= x <= MAX_INT, f"an integer in [0, {MAX_INT}]")
+batch_int = _converter(int, lambda x: 1 <= x <= MAX_BATCH, f"an integer in [1, {MAX_BATCH}]")
+length_int = _converter(int, lambda x: 1 <= x <= MAX_TOKENS, f"an integer in [1, {MAX_TOKENS}]")
+seed_int = _converter(int, lambda x: 0 <= x < 2**63, "an integer in [0, 2**63)")
+temperature = _converter(
+    float,
+    lambda x: x == 0 or MIN_TEMPERATURE <= x <= MAX_TEMPERATURE,
+    f"0 (greedy) or a number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]",
+)
+learning_rate = _converter(float, lambda x: 0 < x <= MAX_LR, f"a number in (0, {MAX_LR:g}]")
 positive_float = _converter(float, lambda x: math.isfinite(x) and x > 0, "a finite number > 0")
 nonneg_float = _converter(float, lambda x: math.isfinite(x) and x >= 0, "a finite number >= 0")
 fraction = _converter(float, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -111,3 +149,180 @@ def comma_floats(text: str) -> list[float]:
     if not values or not all(math.isfinite(v) and v >= 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated finite numbers >= 0")
     return values
+
+
+def given_dests(parser: argparse.ArgumentParser, argv) -> set[str]:
+    """The dests of the flags the command line spelled out, whatever their values (not the defaults)."""
+    unset = object()
+    dests = vars(parser.parse_args(argv))
+    given = parser.parse_args(argv, namespace=argparse.Namespace(**{d: unset for d in dests}))
+    return {d for d, v in vars(given).items() if v is not unset}
+
+
+def recheck(value, convert, name: str, where: str) -> None:
+    """Run a value read from a file (config.json on resume) through its flag's converter: the same bounds
+    as on the command line, and exact types (a bool or a string is not a number)."""
+    kind = convert.__name__
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if wrong_type or (kind.startswith("an integer") and not isinstance(value, int)):
+        raise BadInput(f"{where}: {name} is {value!r}; expected {kind}")
+    try:
+        convert(repr(value))
+    except argparse.ArgumentTypeError:
+        raise BadInput(f"{where}: {name} is {value!r}; expected {kind}") from None
+
+
+def recheck_flags(obj, flags, choices: dict, where: str) -> None:
+    """A config read from a file gets the command line's checks: `flags` is [(flag, converter, ...)] of
+    obj's fields (--batch-size -> obj.batch_size), `choices` {field: allowed values}."""
+    for flag, kind, *_ in flags:
+        if kind is not str:
+            recheck(getattr(obj, flag[2:].replace("-", "_")), kind, name=flag[2:], where=where)
+    for key, allowed in choices.items():
+        if getattr(obj, key) not in allowed:
+            raise BadInput(f"{where}: {key} is {getattr(obj, key)!r}; expected one of {', '.join(allowed)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Outputs: checked before work starts, written through one guarded path
+
+
+NAME_MAX = 255  # bytes in one path component (Linux, macOS)
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_names(path: Path, flag: str) -> None:
+    for part in Path(path).parts:
+        if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
+            raise BadInput(f"{flag} {str(path)[:60]}...: a path component of {len(part)} characters; "
+                           f"at most {NAME_MAX} bytes each")
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """A folder that exists and is writable, or that can be created: its nearest existing ancestor is a
+    writable folder (not a file). Checked up front: no work is wasted on an output that cannot be written."""
+    path = Path(path)
+    _check_names(path, flag)
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"{flag} {path}: exists and is not a folder")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise BadInput(f"{flag} {path}: {base} is a file, so no folder can be made under it")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag} {path}: {base} is not writable")
+    return path
+
+
+def check_output_file(path: str | Path, flag: str) -> Path:
+    """A file path whose folder exists and is writable, and which is a regular file if it exists (a FIFO
+    would block the write forever, a device would swallow or refuse it)."""
+    path = Path(path)
+    _check_names(path, flag)
+    if path.exists() or path.is_symlink():
+        mode = os.stat(path).st_mode if path.exists() else 0
+        if not stat.S_ISREG(mode):
+            what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, device or broken link)"
+            raise BadInput(f"{flag} {path}: {what}; expected a file path")
+    parent = Path(os.path.abspath(path)).parent
+    if not parent.is_dir():
+        raise BadInput(f"{flag} {path}: its folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag} {path}: its folder {parent} is not writable")
+    return path
+
+
+def _open(path: Path, mode: str):
+    """Every file this project writes is opened here (tests replace it to simulate a full disk)."""
+    return open(path, mode)
+
+
+def _write_failed(path: Path, error: BaseException) -> WriteFailed:
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return WriteFailed(f"could not write {path} ({reason}); its previous version is intact: free space and "
+                       "run again (a run: --resume)")
+
+
+def atomic_write(path: Path, write) -> None:
+    """write(f) into path.tmp (a binary file), fsync, then rename over path: a reader sees the old file or
+    the new one, never half of one. A failed write (a full disk: OSError, or RuntimeError from torch.save)
+    removes the temporary file, leaves path as it was, and raises WriteFailed naming the file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with _open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        raise _write_failed(path, e) from e
+    except BaseException:  # an interrupt mid-write: no half file either
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """atomic_write of UTF-8 text."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append and fsync; a failed append is cut back to the file's previous length (no torn line)."""
+    path = Path(path)
+    size = path.stat().st_size if path.exists() else 0
+    try:
+        with _open(path, "ab") as f:
+            try:
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            except BaseException:
+                f.truncate(size)
+                raise
+    except (OSError, RuntimeError) as e:
+        if path.exists() and path.stat().st_size != size:
+            os.truncate(path, size)
+        raise _write_failed(path, e) from e
+
+
+# ---------------------------------------------------------------------------------------------------
+# Signals
+
+
+class StopSignals:
+    """Within `with StopSignals() as stop:`, SIGINT and SIGTERM set `stop.signum` instead of killing the
+    program, which stops at its next safe point (`stop.check(...)`). A second signal stops it at once (every
+    write is atomic, so that is safe too). Only the main thread can own signal handlers; elsewhere this does
+    nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum, self.previous = None, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise Interrupted(f"interrupted by a second {signal.Signals(signum).name}", signum)
+        self.signum = signum
+
+    def check(self, message: str) -> None:
+        """Raise Interrupted(message) if a signal arrived."""
+        if self.signum is not None:
+            raise Interrupted(message, self.signum)
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        return False

@@ -9,7 +9,11 @@ JSONL, one sequence (one sampled response) per line, an object with
     train_top_logprobs    [{id: logp}]  tokens under each side, over the same token ids (keys are strings)
     id                    anything      optional, carried through
 Also accepted: a torch .pt file holding a dict of padded [B, T] tensors `engine_logprobs`, `train_logprobs`
-and `mask` (1 on response tokens).
+(floating point) and `mask` (bool, integer or floating; 1 on response tokens).
+
+Limits, each refused with one line: log-probs are finite numbers in [MIN_LOGPROB, 0] (beyond that, the
+differences behind k1 and k3 overflow); a dump holds at most MAX_SEQUENCES sequences and MAX_TOKENS tokens
+(the bootstrap's memory grows with them); a .pt file is at most MAX_PT_BYTES.
 
 Both log-probs must be of the policies themselves (temperature 1, no top-p). verl logs them as
 `rollout_log_probs` and `old_log_probs` (PORTING.md has the recipes). mismatch.py writes this format from our
@@ -23,7 +27,12 @@ from pathlib import Path
 
 import torch
 
-from cli import BadInput
+from cli import BadInput, atomic_write_text
+
+MIN_LOGPROB = -1e4  # a log-prob below it is below what fp32 softmax can produce (about -104 nats)
+MAX_SEQUENCES = 100_000
+MAX_TOKENS = 20_000_000
+MAX_PT_BYTES = 2 * 2**30
 
 
 @dataclass
@@ -48,10 +57,15 @@ def _floats(values, where: str, what: str) -> list[float]:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
     ):
         raise BadInput(f"{where}: {what} must be a list of numbers")
+    if not all(isinstance(v, float) or abs(v) < 2**53 for v in values):  # a JSON integer of any length
+        raise BadInput(f"{where}: {what} holds an integer too large for a log-prob")
     if not all(math.isfinite(v) for v in values):
         raise BadInput(f"{where}: {what} holds NaN or an infinity")
     if any(v > 1e-6 for v in values):
         raise BadInput(f"{where}: {what} holds a positive log-prob ({max(values):g}); log-probs are <= 0")
+    if any(v < MIN_LOGPROB for v in values):
+        raise BadInput(f"{where}: {what} holds a log-prob of {min(values):g}; expected log-probs in "
+                       f"[{MIN_LOGPROB:g}, 0]")
     return values
 
 
@@ -117,7 +131,10 @@ def _from_sequences(seqs: list[dict]) -> Dump:
     return dump
 
 
-def _read_pt(path: Path) -> Dump:
+def _read_pt(path: Path) -> list[dict]:
+    if path.stat().st_size > MAX_PT_BYTES:
+        raise BadInput(f"{path}: {path.stat().st_size / 2**30:.1f} GiB; a .pt dump is at most "
+                       f"{MAX_PT_BYTES / 2**30:g} GiB (split it)")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable file: a pickle error, a truncated zip, ...
@@ -127,11 +144,18 @@ def _read_pt(path: Path) -> Dump:
             f"{path}: expected a dict with engine_logprobs, train_logprobs and mask tensors [B, T]"
         )
     engine, train, mask = (data[k] for k in ("engine_logprobs", "train_logprobs", "mask"))
+    for key, t in (("engine_logprobs", engine), ("train_logprobs", train), ("mask", mask)):
+        floating = isinstance(t, torch.Tensor) and t.is_floating_point()
+        if not (floating or (key == "mask" and isinstance(t, torch.Tensor) and not t.is_complex())):
+            kind = "bool, integer or floating" if key == "mask" else "floating-point"
+            got = f"a tensor of {t.dtype}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
+            raise BadInput(f"{path}: {key} is {got}; expected a {kind} tensor [B, T]")
     if not (engine.shape == train.shape == mask.shape) or engine.dim() != 2:
         raise BadInput(
             f"{path}: engine_logprobs {tuple(engine.shape)}, train_logprobs {tuple(train.shape)} and "
             f"mask {tuple(mask.shape)} must be the same [B, T] shape"
         )
+    _check_size(path, sequences=int((mask != 0).any(1).sum()), tokens=int((mask != 0).sum()))
     seqs = []
     for b in range(engine.shape[0]):
         m = mask[b].bool()
@@ -158,17 +182,26 @@ def read_dump(path: str | Path) -> Dump:
             lines = path.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError:
             raise BadInput(f"--dump {path}: not UTF-8 text (expected JSONL, or a .pt file)") from None
+        _check_size(path, sequences=sum(1 for line in lines if line.strip()), tokens=0)
         seqs = []
         for n, line in enumerate(lines, start=1):
             if line.strip():
                 try:
                     obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BadInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                except (ValueError, RecursionError) as e:  # bad JSON, an integer of 5000 digits, deep nesting
+                    why = getattr(e, "msg", type(e).__name__)
+                    raise BadInput(f"{path}:{n}: not valid JSON ({why})") from None
                 seqs.append(_line(obj, f"{path}:{n}"))
     if not seqs:
         raise BadInput(f"--dump {path}: no sequences (expected one JSON object per line)")
+    _check_size(path, sequences=len(seqs), tokens=sum(len(s["engine"]) for s in seqs))
     return _from_sequences(seqs)
+
+
+def _check_size(path: Path, sequences: int, tokens: int) -> None:
+    if sequences > MAX_SEQUENCES or tokens > MAX_TOKENS:
+        raise BadInput(f"--dump {path}: {sequences} sequences, {tokens} tokens; at most {MAX_SEQUENCES} "
+                       f"sequences and {MAX_TOKENS} tokens (judge a random sample of them)")
 
 
 def write_dump(path: str | Path, scored) -> int:
@@ -198,5 +231,5 @@ def write_dump(path: str | Path, scored) -> int:
                 }
             )
         )
-    Path(path).write_text("".join(line + "\n" for line in lines))
+    atomic_write_text(Path(path), "".join(line + "\n" for line in lines))
     return len(lines)

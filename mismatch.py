@@ -44,15 +44,14 @@ import json
 import sys
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from cli import EXPECTED, BadInput, Parser, fail, positive_int
+from cli import EXPECTED, BadInput, Parser, check_output_file, fail, positive_int, seed_int
 from dumps import write_dump
 from kl import bootstrap_ci, sampled_token_metrics, token_kl
-from models import DEVICES, PAIRS, format_prompt, load_pair, read_prompts, resolve_device
+from models import DEVICES, PAIRS, check_prompts, format_prompt, load_pair, read_prompts, resolve_device
 from rollout import (
     RolloutConfig,
     RolloutEngine,
@@ -288,7 +287,7 @@ def build_parser() -> Parser:
     )
     p.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
     p.add_argument(
-        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+        "--seed", type=seed_int, default=RolloutConfig.seed, help="sampling and noise seed (default: 0)"
     )
     # train.py's rollout flags, so a configuration reads the same everywhere; no temperature or top-p:
     # mismatch is measured between the policies themselves.
@@ -304,12 +303,6 @@ def probe_prompts(pair, args) -> list[str]:
     return [format_prompt(pair.tokenizer, t) for t in texts]
 
 
-def check_out_file(path: str | None, flag: str) -> None:
-    """An output file must go into an existing folder and must not be a folder itself (checked up front)."""
-    if path is not None and (Path(path).is_dir() or not Path(path).resolve().parent.is_dir()):
-        raise BadInput(f"{flag} {path}: not a writable file path (its folder must exist)")
-
-
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
@@ -319,10 +312,12 @@ def main(argv=None) -> None:
                 "the old weights; use `python -m study sources --staleness K` "
                 "(mismatch.py never trains)"
             )
-        check_out_file(args.dump_out, "--dump-out")
+        if args.dump_out is not None:
+            check_output_file(args.dump_out, "--dump-out")  # a writable regular file: no FIFO, no device
         device = resolve_device(args.device)
         cfg = rollout_config_from_args(args, pair=args.pair)
         pair = load_pair(args.pair, device=device)
+        check_prompts(pair, cfg.max_new_tokens, prompts=read_prompts(args.prompts) if args.prompts else None)
         probes = probe_prompts(pair, args)
         rows = [
             (

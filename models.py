@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from cli import BadInput, Parser, fail
+from cli import BadInput, Parser, check_output_dir, fail
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # isort: skip
 from transformers import LlamaConfig, PreTrainedTokenizerFast  # isort: skip
@@ -145,8 +145,9 @@ def read_prompts(path: str | Path) -> list[Prompt]:
 def _prompt_line(path: Path, lineno: int, line: str) -> Prompt:
     try:
         obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise BadInput(f'{path}:{lineno}: not valid JSON ({e.msg}); expected {{"prompt": "..."}}') from None
+    except (ValueError, RecursionError) as e:  # bad JSON, an integer of 5000 digits, deep nesting
+        why = getattr(e, "msg", type(e).__name__)
+        raise BadInput(f'{path}:{lineno}: not valid JSON ({why}); expected {{"prompt": "..."}}') from None
     if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
         raise BadInput(
             f'{path}:{lineno}: expected an object with a non-empty string "prompt", got {line[:60]!r}'
@@ -155,6 +156,35 @@ def _prompt_line(path: Path, lineno: int, line: str) -> Prompt:
     if answer is not None and not isinstance(answer, str):
         raise BadInput(f'{path}:{lineno}: "answer" must be a string, got {answer!r}')
     return Prompt(obj["prompt"], answer)
+
+
+def check_prompts(pair: Pair, max_new_tokens: int, prompts: list[Prompt] | None = None) -> None:
+    """Every prompt (`prompts`, default the pair's own) can be used as it is: the tokenizer encodes it (no
+    lone surrogates), every character is in the vocabulary (no token of it is unknown or padding), and its
+    chat-formatted tokens plus max_new_tokens fit both models' context. One BadInput line names the first
+    prompt that does not."""
+    tok = pair.tokenizer
+    contexts = [getattr(m.config, "max_position_embeddings", None) for m in (pair.teacher, pair.student)]
+    context = min((c for c in contexts if c), default=None)
+    if context is not None and max_new_tokens >= context:
+        raise BadInput(f"--max-new-tokens {max_new_tokens}: the models' context is {context} tokens; "
+                       "leave room for the prompt")
+    unknown = {i for i in (tok.unk_token_id, tok.pad_token_id) if i is not None}
+    for p in pair.train_prompts + pair.eval_prompts if prompts is None else prompts:
+        shown = f"prompt {p.text[:30]!r}"
+        try:
+            p.text.encode("utf-8")
+            own_ids = tok(p.text, add_special_tokens=False)["input_ids"]
+            n = len(tok(format_prompt(tok, p.text), add_special_tokens=False)["input_ids"])
+        except (UnicodeError, ValueError, TypeError) as e:
+            raise BadInput(f"{shown}: the tokenizer cannot encode it ({type(e).__name__}); expected "
+                           "valid UTF-8 text") from None
+        if unknown & set(own_ids):
+            raise BadInput(f"{shown}: holds text outside the {pair.name} pair's vocabulary (it encodes to "
+                           "the unknown or padding token)")
+        if context is not None and n + max_new_tokens > context:
+            raise BadInput(f"{shown}: {n} tokens + --max-new-tokens {max_new_tokens} exceed the models' "
+                           f"context of {context} tokens")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -227,7 +257,8 @@ def load_tiny(device: str) -> Pair:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("OPD_CACHE", Path.home() / ".cache" / "opd"))
+    """$OPD_CACHE (default ~/.cache/opd): a writable folder, or one that can be made (checked here)."""
+    return check_output_dir(os.environ.get("OPD_CACHE", Path.home() / ".cache" / "opd"), "OPD_CACHE")
 
 
 def _package_dir(package: str) -> Path:
@@ -316,9 +347,13 @@ def drop_layers(model, keep: int):
 def load_layer_dropped(name: str, device: str, student_layers: int | None) -> Pair:
     """smollm2 or gemma3: the converted teacher, and a student that keeps `student_layers` of its layers."""
     teacher_dir = smollm2_teacher_dir() if name == "smollm2" else gemma3_teacher_dir()
-    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
+    try:
+        teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(teacher_dir, padding_side="left")
+    except Exception as e:  # a truncated or edited cache file: safetensors, JSON and tokenizer errors alike
+        raise BadInput(f"{teacher_dir}: the cached conversion cannot be read ({type(e).__name__}); remove "
+                       "the folder and it is converted again") from None
     student = drop_layers(teacher, student_layers or LAYER_DROPPED[name])
-    tokenizer = AutoTokenizer.from_pretrained(teacher_dir, padding_side="left")
     train = read_prompts(PROMPT_DIR / "smollm2_train.jsonl")  # gemma3 shares the instruction files
     return Pair(name, teacher, student, tokenizer, train, read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
 
@@ -359,15 +394,22 @@ def load_hf_pair(teacher_id: str, student_id: str, device: str):
             )
         teacher = AutoModelForCausalLM.from_pretrained(teacher_src, dtype=torch.float32).to(device).eval()
         student = AutoModelForCausalLM.from_pretrained(student_src, dtype=torch.float32).to(device).eval()
-    except OSError as e:  # a hub id that cannot be fetched, or a folder with broken files
-        raise BadInput(
-            f"--teacher {teacher_id} / --student {student_id}: cannot load ({str(e).splitlines()[0]})"
-        ) from None
+    except BadInput:
+        raise
+    except Exception as e:  # a hub id that cannot be fetched, a folder without weights or tokenizer, ...
+        first = str(e).strip().splitlines()[0][:150] if str(e).strip() else type(e).__name__
+        raise BadInput(f"--teacher {teacher_id} / --student {student_id}: cannot load ({first})") from None
     if teacher.config.vocab_size != student.config.vocab_size:
         raise BadInput(
             f"--teacher {teacher_id} has {teacher.config.vocab_size} output logits, "
             f"--student {student_id} has {student.config.vocab_size}; they must match"
         )
+    if tokenizer.eos_token is None:
+        raise BadInput(f"--student {student_id}: its tokenizer has no EOS token; the sampler needs one to "
+                       "end a response")
+    if len(tokenizer) > student.config.vocab_size:
+        raise BadInput(f"--student {student_id}: the tokenizer has {len(tokenizer)} tokens but the models "
+                       f"only {student.config.vocab_size} output logits; some tokens would have no logit")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # the sampler needs a pad id for left padding
     return teacher, student, tokenizer
@@ -414,10 +456,22 @@ def load_pair(
     for model in (result.teacher, result.student):
         own_memory(model)
     if user is not None:
-        held = user[::10]
-        result.train_prompts = [p for i, p in enumerate(user) if i % 10 != 0] or held
-        result.eval_prompts = held
+        result.train_prompts, result.eval_prompts = split_prompts(user, prompts)
     return result
+
+
+def split_prompts(user: list[Prompt], path) -> tuple[list[Prompt], list[Prompt]]:
+    """Every tenth prompt (0, 10, 20, ...) is held out; the two sets must be disjoint and non-empty."""
+    held = user[::10]
+    train = [p for i, p in enumerate(user) if i % 10 != 0]
+    if not train:
+        raise BadInput(f"--prompts {path}: {len(user)} prompt(s); every tenth is held out for evaluation, so "
+                       "at least 2 are needed")
+    both = {p.text for p in held} & {p.text for p in train}
+    if both:
+        raise BadInput(f"--prompts {path}: {len(both)} prompt(s) such as {min(both)[:40]!r} are both held "
+                       "out and trained on; remove the duplicates")
+    return train, held
 
 
 def own_memory(model) -> None:

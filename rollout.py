@@ -32,8 +32,10 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from cli import EXPECTED, BadInput, NonFinite, Parser, fail, fraction, nonneg_float, nonneg_int, positive_int
-from models import MAX_NEW_TOKENS, PAIRS, cache_arg, format_prompt, load_pair
+from cli import (EXPECTED, MAX_TEMPERATURE, MAX_TOKENS, MIN_TEMPERATURE, BadInput, NonFinite, Parser,
+                 batch_int, fail, fraction, length_int, nonneg_float, nonneg_int, seed_int)
+from cli import temperature as temperature_value
+from models import MAX_NEW_TOKENS, PAIRS, cache_arg, check_prompts, format_prompt, load_pair
 from quant import FP8_WEIGHTS, AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, scales_from_amax
 
 from transformers import DynamicCache  # isort: skip
@@ -66,9 +68,17 @@ class RolloutConfig:
 
     def __post_init__(self):
         checks = [
-            (self.temperature >= 0, f"temperature {self.temperature}: must be >= 0 (0 = greedy)"),
+            (
+                self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE,
+                f"temperature {self.temperature}: must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+                f"{MAX_TEMPERATURE:g}]",
+            ),
             (0 < self.top_p <= 1, f"top_p {self.top_p}: must be in (0, 1]"),
-            (self.max_new_tokens >= 1, f"max_new_tokens {self.max_new_tokens}: must be >= 1"),
+            (
+                1 <= self.max_new_tokens <= MAX_TOKENS,
+                f"max_new_tokens {self.max_new_tokens}: must be in [1, {MAX_TOKENS}]",
+            ),
+            (0 <= self.seed < 2**63, f"seed {self.seed}: must be in [0, 2**63)"),
             (self.weights in WEIGHTS, f"weights {self.weights!r}: choose one of {', '.join(WEIGHTS)}"),
             (self.kv_cache in KV_CACHES, f"kv_cache {self.kv_cache!r}: choose one of {', '.join(KV_CACHES)}"),
             (
@@ -462,7 +472,7 @@ def add_rollout_args(g, sampling: bool = True) -> None:
     if sampling:
         g.add_argument(
             "--temperature",
-            type=nonneg_float,
+            type=temperature_value,
             default=d.temperature,
             help="sampling temperature; 0 = greedy (default: %(default)s, the policy itself)",
         )
@@ -472,7 +482,7 @@ def add_rollout_args(g, sampling: bool = True) -> None:
             default=d.top_p,
             help="nucleus mass; 1 = no truncation (default: %(default)s)",
         )
-    g.add_argument("--max-new-tokens", type=positive_int, help="response length limit (default: the pair's)")
+    g.add_argument("--max-new-tokens", type=length_int, help="response length limit (default: the pair's)")
     g.add_argument(
         "--weights",
         default=d.weights,
@@ -535,27 +545,28 @@ def main(argv=None) -> None:
     parser = Parser(description="Sample responses with the rollout engine and print them.")
     parser.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
     parser.add_argument(
-        "--n", type=positive_int, default=4, help="number of held-out prompts (default: %(default)s)"
+        "--n", type=batch_int, default=4, help="number of held-out prompts (default: %(default)s)"
     )
     parser.add_argument(
-        "--temperature", type=nonneg_float, default=d.temperature, help="0 = greedy (default: %(default)s)"
+        "--temperature", type=temperature_value, default=d.temperature, help="0 = greedy (default: 1.0)"
     )
     parser.add_argument(
         "--top-p", type=fraction, default=d.top_p, help="1 = no truncation (default: %(default)s)"
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=positive_int,
+        type=length_int,
         default=d.max_new_tokens,
         help="length limit (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default: %(default)s)")
+    parser.add_argument("--seed", type=seed_int, default=d.seed, help="sampling seed (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         cfg = RolloutConfig(
             temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
         )
         pair = load_pair(args.pair)
+        check_prompts(pair, cfg.max_new_tokens)
         prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
         t0 = time.time()
         rollout = generate(pair.student, pair.tokenizer, prompts, cfg=cfg)

@@ -17,6 +17,7 @@ One step (see loss.py for the formulas):
 Outputs go to runs/<name>/ (runfiles.py): config.json, metrics.jsonl (a line per step), checkpoint.pt (every
 `ckpt_every` steps or `ckpt_minutes` minutes, and at the end), curves.png. `--resume` continues a killed run
 exactly from its last checkpoint (stale and async runs too): the steps after it are redone identically.
+SIGINT or SIGTERM stops a run after its current step, with a checkpoint there (exit 130 / 143).
 
     python train.py                    # smollm2 pair, ~3 min on a 2-core CPU
     python train.py --pair tiny        # addition task; prints accuracy
@@ -26,7 +27,6 @@ exactly from its last checkpoint (stale and async runs too): the steps after it 
 """
 
 import copy
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -36,17 +36,20 @@ import torch
 from tqdm import tqdm
 
 from batches import Batches, make_engine
-from cli import (EXPECTED, BadInput, NonFinite, Parser, cap_float, fail, nonneg_float, nonneg_int,
-                 positive_float, positive_int)
+from cli import (EXPECTED, MAX_BATCH, BadInput, NonFinite, Parser, StopSignals, batch_int, cap_float, fail,
+                 given_dests, learning_rate as lr_value, nonneg_float, nonneg_int, positive_int,
+                 recheck_flags, seed_int)
 from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from kl import prefix_shift_kl
 from mismatch import rescored_token_kl
-from models import DEVICES, MAX_NEW_TOKENS, PAIRS, format_prompt, load_pair, resolve_device
+from models import DEVICES, MAX_NEW_TOKENS, PAIRS, check_prompts, format_prompt, load_pair, resolve_device
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
-from runfiles import RunLock, append_metrics, atomic_save, atomic_write_text, clean_leftovers
-from runfiles import load_checkpoint, plot_curves, read_metrics, summary
+from runfiles import (RunLock, append_metrics, atomic_save, changes, check_target, claim, clean_leftovers,
+                      load_checkpoint, load_config, note_changes, plot_curves, read_metrics,
+                      reconcile_metrics, refuse_finished, refuse_unsafe, remove_made, restore_state,
+                      resume_changes, resume_command, reusable_run, start_files, summary)
 
 
 @dataclass
@@ -79,6 +82,17 @@ class TrainConfig:
     name: str = ""  # run folder name under out_dir; "" = <pair>-<timestamp>
     out_dir: str = "runs"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+    def __post_init__(self):  # combinations no single flag can refuse (each flag's range: its converter)
+        rows, k = self.batch_size * self.samples_per_prompt, self.samples_per_prompt
+        if self.loss == "grpo" and k < 2:
+            raise BadInput(f"--loss grpo --samples-per-prompt {k}: the advantage (a reward minus its group's "
+                           "mean) is 0 in a group of one; use 2 or more")
+        if rows > MAX_BATCH:
+            raise BadInput(f"--batch-size x --samples-per-prompt = {rows} rows; at most {MAX_BATCH}")
+        if self.tis_cap > 0 and self.loss == "analytic":
+            raise BadInput(f"--tis-cap {self.tis_cap:g}: applies to --loss sampled, sampler or grpo (the "
+                           "analytic loss sums over the vocabulary: the sampled token needs no correction)")
 
 
 # Per-pair settings; every other field takes TrainConfig's default. The checkpoint cadence keeps the time
@@ -144,8 +158,8 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
     for what, value in (("loss", loss), ("gradient norm", grad_norm)):
         if not torch.isfinite(value):
             raise NonFinite(f"step {step}: the {what} is {value.item()}; stopped before the update (lower "
-                            "--lr, "
-                            "keep --grad-clip on); the last checkpoint and metrics.jsonl hold the good steps")
+                            "--lr, keep --grad-clip on); the last checkpoint and metrics.jsonl hold the good "
+                            "steps")
     optimizer.step()
     return {"step": step, "loss": loss.item(), **stats, **extra, "mismatch_kl": kl_N.mean().item(),
             "prefix_kl": prefix_shift_kl(kl_N, rollout).mean().item(), "engine_version": rollout.version,
@@ -183,21 +197,26 @@ class Run:
     lock: RunLock
     records: list = field(default_factory=list)
     start: int = 1
+    stop: StopSignals | None = None  # SIGINT/SIGTERM: stop after the current step
 
     @property
     def dir(self) -> Path:
         return Path(self.cfg.out_dir) / self.cfg.name
 
 
+# Settings a --resume may change: none of them changes what the run computes (steps: extend only).
+SAFE_ON_RESUME = ("steps", "ckpt_every", "ckpt_minutes", "kl_chunk", "device", "name", "out_dir")
+
+
 def prepare(cfg: TrainConfig, resume: bool) -> Run:
-    """Check every input and build what a run needs, then lock the folder; nothing is written before the lock,
-    and nothing fails after it but the run itself."""
-    run_dir = Path(cfg.out_dir) / cfg.name
-    if Path(cfg.out_dir).exists() and not Path(cfg.out_dir).is_dir():
-        raise BadInput(f"--out-dir {cfg.out_dir}: is a file, not a folder")
+    """Check every input and build what a run needs, then claim the folder (its lock first; fresh or resume
+    is decided under it) and restore the checkpoint. Nothing is written before the claim, and a refusal
+    after it releases the lock and leaves the folder as it was."""
+    run_dir = check_target(cfg.out_dir, cfg.name, resume)  # a fast refusal; claim() decides under the lock
     device = resolve_device(cfg.device)
     pair = load_pair(cfg.pair, teacher=cfg.teacher, student=cfg.student, device=device,
                      student_layers=cfg.student_layers, prompts=cfg.prompts)
+    check_prompts(pair, cfg.rollout.max_new_tokens)
     if cfg.loss == "grpo" and any(p.answer is None for p in pair.train_prompts):
         raise BadInput("--loss grpo needs a verifiable reward: every training prompt must have an \"answer\" "
                        "(the tiny pair has them)")
@@ -207,33 +226,38 @@ def prepare(cfg: TrainConfig, resume: bool) -> Run:
     engine.sync(pair.student, 0)  # build the first engine and let it sample once now: fp8-dyn on a CPU, or a
     engine.generate([format_prompt(pair.tokenizer, pair.train_prompts[0].text)])  # --noise that breaks the
     engine.snapshots.clear()  # weights, is refused before the folder is touched (step 1 re-syncs)
-    ckpt = run_dir / "checkpoint.pt"
-    state = load_checkpoint(ckpt, device) if resume and ckpt.exists() else None
-    if state is not None and state["step"] > cfg.steps:
-        raise BadInput(f"--steps {cfg.steps}: {run_dir} already finished {state['step']} steps; "
-                       "--steps can only extend it")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(cfg, pair, optimizer, Batches(pair, engine, cfg, device), device, RunLock(run_dir))
-    run.lock.acquire()
-    clean_leftovers(run_dir)
-    if state is not None:
-        pair.student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        run.batches.restore(state.get("batches", {"snapshots": [], "pending": None}))
-        engine.version = None  # rebuild from the restored snapshots at the next sync
-        run.start = state["step"] + 1
+    run = Run(cfg, pair, optimizer, Batches(pair, engine, cfg, device), device, claim(run_dir, resume))
+    try:
+        if resume:
+            restore(run)
+        clean_leftovers(run_dir)
+    except BaseException:
+        run.lock.release()
+        remove_made(run.lock.made)
+        raise
     return run
 
 
-def open_records(run: Run) -> None:
-    """The metrics so far: a resume keeps the lines up to its checkpoint (later steps are redone exactly)."""
-    metrics_path = run.dir / "metrics.jsonl"
-    if run.start > 1:
-        run.records = read_metrics(metrics_path, upto=run.start - 1)
-        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in run.records))
-    else:
-        metrics_path.unlink(missing_ok=True)  # a fresh folder, or a resume that never reached a checkpoint
-    atomic_write_text(run.dir / "config.json", json.dumps(asdict(run.cfg), indent=2) + "\n")
+def restore(run: Run) -> None:
+    """Under the lock: the saved config must be this run's, then the checkpoint (if any) and the metrics."""
+    cfg = run.cfg
+    saved = load_config(run.dir, TrainConfig)
+    differ = changes(asdict(saved), asdict(cfg))
+    refuse_unsafe(differ, source=run.dir / "config.json", safe=SAFE_ON_RESUME)
+    ckpt = run.dir / "checkpoint.pt"
+    if not ckpt.exists():
+        refuse_finished(run.dir, steps=saved.steps)  # a finished run is never redone over its own files
+        return note_changes(differ)  # killed before its first checkpoint: start again from step 0
+    state = load_checkpoint(ckpt, run.device)
+    if state["step"] > cfg.steps:
+        raise BadInput(f"--steps {cfg.steps}: {run.dir} already finished {state['step']} steps; "
+                       "--steps can only extend it")
+    refuse_unsafe(changes(state.get("config", asdict(cfg)), asdict(cfg)), source=ckpt, safe=SAFE_ON_RESUME)
+    restore_state(state, ckpt, model=run.pair.student, optimizer=run.optimizer, batches=run.batches)
+    run.batches.engine.version = None  # rebuild from the restored snapshots at the next sync
+    run.start = state["step"] + 1
+    run.records = reconcile_metrics(run.dir / "metrics.jsonl", upto=state["step"], saved=state.get("records"))
+    note_changes(differ)
 
 
 def log(run: Run, rec: dict) -> None:
@@ -243,7 +267,7 @@ def log(run: Run, rec: dict) -> None:
 
 def save_checkpoint(run: Run, step: int) -> None:
     state = {"step": step, "student": run.pair.student.state_dict(), "optimizer": run.optimizer.state_dict(),
-             "batches": run.batches.state()}
+             "batches": run.batches.state(), "config": asdict(run.cfg), "records": list(run.records)}
     atomic_save(state, run.dir / "checkpoint.pt")
 
 
@@ -265,41 +289,52 @@ def train_loop(run: Run, quiet: bool) -> None:
             rec["eval_seconds"] = time.time() - t0
         log(run, rec)  # metrics first, then the checkpoint: a kill in between only repeats this step
         due = (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps
-        if due or (cfg.ckpt_minutes and time.time() - last_ckpt >= 60 * cfg.ckpt_minutes):
+        saved = due or (cfg.ckpt_minutes and time.time() - last_ckpt >= 60 * cfg.ckpt_minutes)
+        if saved or (run.stop and run.stop.signum is not None):  # a signal: checkpoint here, then stop
             save_checkpoint(run, step)
             last_ckpt = time.time()
+        if run.stop:
+            run.stop.check(f"interrupted at step {step}; resume with: {resume_command(cfg)}")
         shown = ("loss", "rkl", "reward", "eval_rkl", "eval_acc")
         bar.set_postfix({k: f"{rec[k]:.3f}" for k in shown if k in rec})
 
 
 def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dict]:
-    """Train according to cfg; return the metric records. The run folder must be new unless resume."""
-    r = prepare(cfg, resume)
-    try:
-        open_records(r)
-        if r.start == 1:  # step 0: the untrained student, evaluated once
-            t0 = time.time()
-            log(r, {"step": 0, "tokens": 0, **evaluate(r.pair, cfg, r.device), "seconds": 0.0,
-                    "eval_seconds": time.time() - t0})
-            if not quiet:
-                acc = f", accuracy {r.records[-1]['eval_acc']:.3f}" if "eval_acc" in r.records[-1] else ""
-                tqdm.write(f"step 0: held-out reverse KL {r.records[-1]['eval_rkl']:.3f}{acc}")
-        train_loop(r, quiet)
-        plot_curves(r.records, r.dir / "curves.png", title=f"OPD {cfg.name}")
-    finally:
-        r.batches.close()
-        r.lock.release()
+    """Train according to cfg; return the metric records. The run folder must be new unless resume.
+    SIGINT or SIGTERM stops it after the current step with a checkpoint (cli.Interrupted)."""
+    with StopSignals() as stop:
+        r = prepare(cfg, resume)
+        r.stop = stop
+        try:
+            fresh = r.start == 1 and not resume
+            stop.check("interrupted before the run started; nothing was written" if fresh
+                       else f"interrupted before step {r.start}; resume with: {resume_command(cfg)}")
+            start_files(r.dir, r.records, config=asdict(cfg))
+            if r.start == 1:  # step 0: the untrained student, evaluated once
+                t0 = time.time()
+                log(r, {"step": 0, "tokens": 0, **evaluate(r.pair, cfg, r.device), "seconds": 0.0,
+                        "eval_seconds": time.time() - t0})
+                if not quiet:
+                    acc = f", accuracy {r.records[-1]['eval_acc']:.3f}" if "eval_acc" in r.records[-1] else ""
+                    tqdm.write(f"step 0: held-out reverse KL {r.records[-1]['eval_rkl']:.3f}{acc}")
+            train_loop(r, quiet)
+            plot_curves(r.records, r.dir / "curves.png", title=f"OPD {cfg.name}")
+        finally:
+            r.batches.close()
+            r.lock.release()
+            if not r.records:
+                remove_made(r.lock.made)  # refused or stopped before writing: leave no empty folder
     return r.records
 
 
 def run_or_resume(cfg: TrainConfig) -> list[dict]:
-    """The records of run cfg.name: reused when it finished, resumed when it was killed, else run (quietly).
-    How the experiments (admit.py, the study) reuse their finished runs."""
-    metrics_path = Path(cfg.out_dir) / cfg.name / "metrics.jsonl"
-    records = read_metrics(metrics_path, upto=cfg.steps)
-    if records and records[-1]["step"] == cfg.steps:
-        return records
-    return run(cfg, resume=metrics_path.exists(), quiet=True)
+    """The records of run cfg.name: reused when it finished with these very settings (runfiles.reusable_run),
+    resumed when killed, else run (quietly); other settings are refused. How admit.py, study.py reuse runs."""
+    run_dir = Path(cfg.out_dir) / cfg.name
+    settings = {k: v for k, v in asdict(cfg).items() if k not in SAFE_ON_RESUME or k == "steps"}
+    if reusable_run(run_dir, settings=settings, step=cfg.steps):
+        return read_metrics(run_dir / "metrics.jsonl", upto=cfg.steps)
+    return run(cfg, resume=(run_dir / "config.json").is_file(), quiet=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -316,12 +351,12 @@ def per_pair(key: str) -> str:
 # (flag, type, help) of the training flags whose defaults differ per pair; their help reads PAIR_DEFAULTS.
 PER_PAIR_FLAGS = [
     ("--steps", positive_int, "optimizer steps"),
-    ("--batch-size", positive_int, "training prompts per step"),
-    ("--samples-per-prompt", positive_int, "responses sampled per prompt"),
-    ("--lr", positive_float, "AdamW peak learning rate"),
+    ("--batch-size", batch_int, "training prompts per step"),
+    ("--samples-per-prompt", batch_int, "responses sampled per prompt"),
+    ("--lr", lr_value, "AdamW peak learning rate"),
     ("--warmup", nonneg_int, "steps of linear learning-rate warm-up"),
     ("--eval-every", nonneg_int, "evaluate every N steps; 0 = only at the start and end"),
-    ("--eval-prompts", positive_int, "held-out prompts per evaluation"),
+    ("--eval-prompts", batch_int, "held-out prompts per evaluation"),
     ("--ckpt-every", nonneg_int, "checkpoint every N steps; 0 = by time only"),
     ("--ckpt-minutes", nonneg_float, "also checkpoint every M minutes; 0 = off"),
 ]
@@ -331,24 +366,19 @@ COMMON_FLAGS = [
     ("--grad-clip", nonneg_float, "max gradient norm; 0 = no clipping"),
     ("--tis-cap", cap_float, "non-analytic losses: weight min(π_train/π_engine, C); 0 off, inf full IS"),
     ("--kl-chunk", positive_int, "response tokens per full-vocabulary chunk (bounds memory)"),
-    ("--seed", int, "seed for prompt order, sampling and weight noise"),
+    ("--seed", seed_int, "seed for prompt order, sampling and weight noise"),
     ("--out-dir", str, "parent folder of run folders"),
 ]
 
 
 def build_parser() -> Parser:
     d = TrainConfig()
-    p = Parser(
-        description="On-policy distillation: the student lowers reverse KL to the teacher on its samples."
-    )
+    p = Parser(description="On-policy distillation: the student lowers reverse KL to the teacher on its own "
+               "samples.")
     p.add_argument("--pair", default=d.pair, choices=PAIRS, help="embedded pair (default: %(default)s)")
     p.add_argument("--teacher", help="HF id or local folder of the teacher (with --student; replaces --pair)")
-    p.add_argument(
-        "--student", help="HF id or local folder of the student; must share the teacher's tokenizer"
-    )
-    p.add_argument(
-        "--student-layers", type=positive_int, help="smollm2/gemma3: decoder layers the student keeps"
-    )
+    p.add_argument("--student", help="HF id or local folder of the student; shares the teacher's tokenizer")
+    p.add_argument("--student-layers", type=positive_int, help="smollm2/gemma3: the student's decoder layers")
     p.add_argument("--prompts", help='JSONL of {"prompt": ..., "answer": optional}; every 10th is held out')
     for flag, kind, text in PER_PAIR_FLAGS:
         p.add_argument(flag, type=kind, help=f"{text} ({per_pair(flag[2:].replace('-', '_'))})")
@@ -356,30 +386,16 @@ def build_parser() -> Parser:
         default = getattr(d, flag[2:].replace("-", "_"))
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     p.add_argument("--schedule", choices=SCHEDULES, help=f"lr after warm-up ({per_pair('schedule')})")
-    p.add_argument(
-        "--loss",
-        default=d.loss,
-        choices=ESTIMATORS,
-        help="analytic: full-vocabulary reverse KL; sampled: sampled-token policy gradient, trainer's "
-        "log-prob in the advantage; sampler: the engine's (tinker-cookbook; with --tis-cap inf, its "
-        "importance_sampling loss); grpo: the RL baseline (default: %(default)s)",
-    )
-    p.add_argument(
-        "--async",
-        dest="async_rollout",
-        action="store_true",
-        help="one-step-off: sample the next batch in a background thread during this step",
-    )
-    p.add_argument(
-        "--device", default=d.device, choices=DEVICES, help="(default: %(default)s: CUDA if present)"
-    )
-    p.add_argument("--name", default=d.name, help="run folder under --out-dir (default: <pair>-<timestamp>)")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue --out-dir/--name from its last checkpoint "
-        "with its saved config (--steps may extend it)",
-    )
+    p.add_argument("--loss", default=d.loss, choices=ESTIMATORS, help="analytic: full-vocabulary reverse "
+                   "KL; sampled / sampler: sampled-token gradient, trainer's / engine's log-prob in the "
+                   "advantage (tinker: sampler --tis-cap inf); grpo: the RL baseline (default: %(default)s)")
+    p.add_argument("--async", dest="async_rollout", action="store_true",
+                   help="one-step-off: sample the next batch in a background thread during this step")
+    p.add_argument("--device", default=d.device, choices=DEVICES, help="(default: %(default)s: CUDA if any)")
+    p.add_argument("--name", default=d.name, help="run folder under --out-dir, one folder name "
+                   "(default: <pair>-<timestamp>)")
+    p.add_argument("--resume", action="store_true", help="continue --out-dir/--name from its last checkpoint "
+                   f"with its saved config (may change: {', '.join(SAFE_ON_RESUME[:4])}; --steps only up)")
     add_rollout_args(p.add_argument_group("rollout engine"))
     return p
 
@@ -394,50 +410,35 @@ def config_from_args(args) -> TrainConfig:
     given.pop("rollout", None)
     cfg = replace(cfg, **given)
     cfg.rollout = rollout_config_from_args(args, pair=pair)
-    if cfg.tis_cap > 0 and cfg.loss == "analytic":
-        raise BadInput(f"--tis-cap {cfg.tis_cap:g}: applies to --loss sampled, sampler or grpo only (the "
-                       "analytic loss sums over the vocabulary, so the sampled token needs no correction)")
     return cfg
 
 
-def load_saved_config(run_dir: Path) -> TrainConfig:
-    try:
-        saved = json.loads((run_dir / "config.json").read_text())
-        rollout = RolloutConfig(**saved.pop("rollout"))
-        known = {f.name for f in fields(TrainConfig)}
-        return TrainConfig(**{k: v for k, v in saved.items() if k in known}, rollout=rollout)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        raise BadInput(f"--resume: {run_dir}/config.json cannot be read ({type(e).__name__}); "
-                       "nothing to resume") from None
-
-
-def config_for(args) -> TrainConfig:
-    """A new run's config, or, with --resume, the saved one (in the folder given, whatever it says inside)."""
+def config_for(args, given: set[str]) -> TrainConfig:
+    """A new run's config; or, with --resume, the saved one (in the folder given, whatever it says inside)
+    with the flags given applied if they are SAFE_ON_RESUME (with a note), refused by name otherwise."""
     if not args.resume:
         cfg = config_from_args(args)
-        run_dir = Path(cfg.out_dir) / cfg.name
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise BadInput(f"--name {cfg.name}: {run_dir} already exists; pass --resume to continue it, or "
-                           "choose "
-                           "another --name")
+        check_target(cfg.out_dir, cfg.name, resume=False)  # before loading anything
         return cfg
     if not args.name:
         raise BadInput("--resume needs --name NAME of the run to continue")
-    run_dir = Path(args.out_dir) / args.name
-    if not (run_dir / "config.json").is_file():
-        raise BadInput(f"--resume: {run_dir} has no config.json; nothing to resume (start it without "
-                       "--resume)")
-    cfg = replace(load_saved_config(run_dir), out_dir=args.out_dir, name=args.name)
-    if args.steps is not None:
-        cfg.steps = args.steps
-    return cfg
+    run_dir = check_target(args.out_dir, args.name, resume=True)
+    cfg = replace(load_config(run_dir, TrainConfig), out_dir=args.out_dir, name=args.name)
+    choices = {"pair": (*PAIRS, "custom"), "loss": ESTIMATORS, "schedule": SCHEDULES}
+    recheck_flags(cfg, PER_PAIR_FLAGS + COMMON_FLAGS, choices=choices, where=f"{run_dir}/config.json")
+    new = resume_changes(asdict(cfg), asdict(config_from_args(args)), given=given, safe=SAFE_ON_RESUME,
+                         source=run_dir / "config.json")
+    return replace(cfg, **new)
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        cfg = config_for(args)
-        records = run(cfg, resume=args.resume)
+        with StopSignals() as stop:
+            cfg = config_for(args, given_dests(parser, argv))
+            stop.check("interrupted before the run started; nothing was written")
+            records = run(cfg, resume=args.resume)
     except EXPECTED as e:
         fail(e)
     print(f"{cfg.name}: {summary(records)}")

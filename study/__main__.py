@@ -11,7 +11,7 @@ python -m study report
 
 from pathlib import Path
 
-from cli import EXPECTED, Parser, fail, positive_float, positive_int
+from cli import EXPECTED, Parser, fail, positive_float, positive_int, seed_int
 from mismatch import DEFAULT_PROBES, PROBES
 from models import DEVICES, PAIRS, resolve_device
 from quant import FP8_WEIGHTS
@@ -35,7 +35,7 @@ def add_measurement_parsers(sub) -> None:
     )
     src.add_argument("--json", action="store_true", help="print JSON rows")
     src.add_argument(
-        "--seed", type=int, default=RolloutConfig.seed, help="sampling and noise seed (default: %(default)s)"
+        "--seed", type=seed_int, default=RolloutConfig.seed, help="sampling and noise seed (default: 0)"
     )
     add_rollout_args(src.add_argument_group("rollout engine"), sampling=False)
     sens = sub.add_parser(

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from calibrate import short_run
-from runfiles import atomic_write_text
+from runfiles import atomic_savefig, atomic_write_text
 
 RESULTS = Path("results")
 
@@ -69,7 +69,7 @@ def plt_axes(ncols: int, width: float = 5.0):
 def save_figure(_, fig, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------

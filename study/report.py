@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from calibrate import budget_ci
+from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
 from study.opd_vs_rl import rl_table
@@ -106,5 +107,5 @@ def report() -> Path:
         parts.append(f"## {title}\n\n`{command}`.{plot}\n\n{body}\n")
     out = RESULTS / "SUMMARY.md"
     RESULTS.mkdir(exist_ok=True)
-    out.write_text("\n".join(parts))
+    atomic_write_text(out, "\n".join(parts))
     return out

@@ -7,16 +7,16 @@ until the mismatch falls under a target (default: half of all-FP8).
 
 import json
 import time
-from pathlib import Path
 
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from cli import BadInput
+from cli import atomic_write_text, check_output_dir
 from mismatch import measure_config
 from models import device_label, format_prompt, load_pair
 from quant import kv_bytes_per_token
 from rollout import RolloutConfig
+from runfiles import atomic_savefig
 
 
 def block_skip(n_layers: int, quantized: set[int]) -> tuple:
@@ -88,13 +88,11 @@ def plot_sensitivity(result: dict, path, title: str) -> None:
         title=title,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path)
 
 
 def run_sensitivity(args, device: str) -> None:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {out}: is a file, not a folder")
+    out = check_output_dir(args.out, "--out")
     t0 = time.time()
     pair = load_pair(args.pair, device=device)
     result = sensitivity(
@@ -114,7 +112,7 @@ def run_sensitivity(args, device: str) -> None:
     plot_sensitivity(
         result, stem.with_suffix(".png"), f"{args.pair}: FP8 ({args.weights}) one block at a time, {device}"
     )
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(stem.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     print(f"{args.pair} {args.weights}: all blocks FP8 -> {result['all_fp8']:.3e} nats/token")
     print(
         "ranking (block: mismatch alone): "

@@ -222,6 +222,21 @@ def test_calibrate_resumes_finished_runs(calibrated):
     assert noise.stat().st_mtime_ns == noised, "and the evaluation-noise measurement"
 
 
+def test_calibrate_with_other_steps_never_reuses_or_overwrites_the_longer_runs(calibrated):
+    """A 1-step calibration over the 2-step one: the finished 2-step runs have no evaluation at step 1, so
+    they are not reused (their metrics would give a tolerance of 0), and they are not redone over: one line,
+    exit 2, every file as it was (with or without the runs' checkpoints)."""
+    files = {p: p.read_bytes() for p in calibrated.rglob("*") if p.is_file()}
+    result = calibrate_cli(
+        "--pair", "tiny", "--out", str(calibrated), "--noise-grid", "0.01,0.1", "--real", "",
+        "--steps", "1", "--seeds", "1", cwd=calibrated.parent,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[-1].startswith("error: ") and "Traceback" not in result.stderr
+    assert "finished" in lines[-1] and "baseline-seed0" in lines[-1], lines[-1]
+    assert {p: p.read_bytes() for p in calibrated.rglob("*") if p.is_file()} == files
+
+
 def test_check_gives_a_verdict(calibrated):
     result = cli(
         "check",

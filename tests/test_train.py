@@ -231,17 +231,19 @@ def test_nan_halts_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path
 def test_a_second_process_on_a_live_run_folder_is_refused(tmp_path):
     import socket
 
+    from runfiles import RunLock
+
     first = cli(*TINY, "--steps", "1", "--name", "locked", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     lock = tmp_path / "runs" / "locked" / ".lock"
-    lock.write_text(
-        json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-    )  # this test process is alive
+    holder = RunLock(lock.parent)  # this test process holds the folder, as a running train.py would
+    holder.acquire()
     second = cli("--name", "locked", "--resume", "--steps", "2", cwd=tmp_path)
-    assert second.returncode == 2 and "in use by PID" in second.stderr, second.stderr
-    lock.write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname()}))  # a PID that is not running
+    assert second.returncode == 2 and f"in use by PID {os.getpid()}" in second.stderr, second.stderr
+    holder.release()
+    lock.write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname()}))  # its owner died
     third = cli("--name", "locked", "--resume", "--steps", "2", cwd=tmp_path)
-    assert third.returncode == 0 and "taking over" in third.stderr, third.stderr[-2000:]
+    assert third.returncode == 0 and "took over" in third.stderr, third.stderr[-2000:]
     assert not lock.exists(), "the lock is released at the end"
 
 
@@ -259,7 +261,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_exit_5_and_the_run_resumes(tmp_
     def disk_full_on_second_save(obj, f, *args, **kwargs):
         saves.append(f)
         if len(saves) == 2:
-            Path(f).write_bytes(b"half a checkpoint")
+            f.write(b"half a checkpoint")  # runfiles saves into an open temporary file
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4532 vs 4531")
         return real_save(obj, f, *args, **kwargs)
 

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from cli import BadInput, Parser, fail, fraction, nonneg_float, positive_int
+from cli import BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
 from models import PAIRS, format_prompt, load_pair
 from quant import KVScales, fp8_kv_cache
 from rollout import RolloutConfig, encode_prompts, generate
@@ -55,11 +55,11 @@ def build_parser() -> Parser:
     p.add_argument(
         "--pair", default="smollm2", choices=PAIRS, help="whose student samples (default: %(default)s)"
     )
-    p.add_argument("--batch", type=positive_int, default=4, help="prompts per batch (default: %(default)s)")
+    p.add_argument("--batch", type=batch_int, default=4, help="prompts per batch (default: %(default)s)")
     p.add_argument(
         "--new-tokens", type=positive_int, default=64, help="tokens per row (default: %(default)s)"
     )
-    p.add_argument("--temperature", type=nonneg_float, default=1.0, help="(default: %(default)s)")
+    p.add_argument("--temperature", type=temperature, default=1.0, help="(default: %(default)s)")
     p.add_argument("--top-p", type=fraction, default=0.95, help="nucleus mass (default: %(default)s)")
     p.add_argument(
         "--repeats", type=positive_int, default=3, help="timed runs of each (default: %(default)s)"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from cli import Parser
+from cli import Parser, atomic_write_text
 from evaluate import exact_match_accuracy
 from models import TINY_DIR, Prompt, format_prompt, tiny_config, tiny_problems, tiny_tokenizer
 from rollout import positions
@@ -101,7 +101,7 @@ def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
         model.generation_config.pad_token_id = 0
         model.save_pretrained(out_dir / size)
         tokenizer.save_pretrained(out_dir / size)
-    (out_dir / "build.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out_dir / "build.json", json.dumps(report, indent=2) + "\n")
     return report
 
 
