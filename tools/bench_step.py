@@ -61,6 +61,10 @@ def trl_trainer(pair, steps: int, lr: float, max_new_tokens: int, callback):
         dataloader_num_workers=0,
         seed=0,
         max_length=1024,
+        # TRL's configs default bf16 to True when fp16 is unset; ours trains in fp32, so pin TRL to fp32 too
+        # (like for like: the ratio must not depend on the CPU's bf16 support)
+        bf16=False,
+        fp16=False,
     )
     return GKDTrainer(
         model=copy.deepcopy(pair.student),
@@ -70,6 +74,20 @@ def trl_trainer(pair, steps: int, lr: float, max_new_tokens: int, callback):
         processing_class=pair.tokenizer,
         callbacks=[callback],
     )
+
+
+def cpu_facts() -> str:
+    """The CPU model and whether it has native bf16 (AMX or AVX512-BF16), from /proc/cpuinfo (Linux)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return "CPU: unknown (no /proc/cpuinfo)"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?"
+    )
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
+    bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
+    return f"CPU: {model}; native bf16: {', '.join(bf16) if bf16 else 'no'}"
 
 
 def main(argv=None) -> None:
@@ -116,8 +134,9 @@ def main(argv=None) -> None:
         callback=Alternate(),
     ).train()
     trl_s, ours_s = (statistics.median(times[k][args.warmup :]) for k in ("trl", "ours"))
+    print(cpu_facts())
     print(
-        f"smollm2, 8 sequences × {cfg.rollout.max_new_tokens} new tokens, lr {cfg.lr:g}, "
+        f"both fp32; smollm2, 8 sequences × {cfg.rollout.max_new_tokens} new tokens, lr {cfg.lr:g}, "
         f"{torch.get_num_threads()} threads; median of steps {args.warmup + 1}–{args.warmup + args.steps}"
     )
     print(
