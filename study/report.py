@@ -69,7 +69,7 @@ def report() -> Path:
                 f"## Budget: {pair}\n\n"
                 f"`{command}`: budget **{'≥ ' if lower else ''}{b['budget']:.3g} nats/token** ({how}); "
                 f"tolerance {b['tolerance']['nats']:.4f} nats "
-                f"({b['tolerance']['fraction']:.0%} of the baseline's "
+                f"({b['tolerance'].get('fraction', float('nan')):.0%} of the baseline's "
                 f"{b['baseline']['improvement']:.3f}-nat improvement); "
                 f"{len(b['points'])} runs of {b['steps']} steps; "
                 f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"

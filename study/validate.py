@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from admit import check, read_budget
+from admit import check
+from budget import loss_label, read_budget
 from calibrate import study_config
 from cli import BadInput
 from models import device_label, load_pair
@@ -54,29 +55,10 @@ VALIDATION = {
 }
 
 
-def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device: str) -> dict:
-    if pair_name not in VALIDATION:
-        raise BadInput(f"--pair {pair_name}: no validation candidates; choose from {', '.join(VALIDATION)}")
-    budget = read_budget(budget_path, pair_name)
-    candidates = VALIDATION[pair_name]
-    pair = load_pair(pair_name, device=device)
-    base_cfg = study_config(pair_name, device=device)
-    verdicts = {}
-    for label, over in tqdm(candidates, desc="checking", unit="config"):
-        verdicts[label] = check(budget, pair, replace(base_cfg.rollout, **over), cap=probes, device=device)
-    plan = [("baseline", {}, {})] + [(label, {}, over) for label, over in candidates]
-    points = sweep(
-        RESULTS / "runs" / f"validate_{pair_name}",
-        pair_name,
-        plan,
-        seeds=seeds,
-        device=device,
-        desc="training",
-        steps=budget["steps"],
-        eval_every=0,
-    )
-    paired(points, "eval_rkl", lambda p: "baseline")
-    tol, rows = budget["tolerance"]["nats"], []
+def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -> list[dict]:
+    """One row per candidate: check's verdict beside the training outcome (within: mean paired quality loss
+    <= tol), and whether they agree (None for an uncertain verdict)."""
+    rows = []
     for label, _ in candidates:
         loss = mean_by(points, label, "delta_eval_rkl")
         outcome = "within" if loss <= tol else "beyond"
@@ -95,9 +77,51 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
                 "agree": agree,
             }
         )
+    return rows
+
+
+def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device: str) -> dict:
+    if pair_name not in VALIDATION:
+        raise BadInput(f"--pair {pair_name}: no validation candidates; choose from {', '.join(VALIDATION)}")
+    budget = read_budget(budget_path, pair_name)
+    if (
+        isinstance(budget.get("steps"), bool)
+        or not isinstance(budget.get("steps"), int)
+        or budget["steps"] < 1
+    ):
+        raise BadInput(
+            f"--budget {budget_path}: steps is {budget.get('steps')!r}; validation trains that many"
+        )
+    loss = {
+        "loss": budget["loss"],
+        "tis_cap": budget["tis_cap"],
+    }  # the validation trains with the budget's loss
+    suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
+    candidates = VALIDATION[pair_name]
+    pair = load_pair(pair_name, device=device)
+    base_cfg = study_config(pair_name, device=device, **loss)
+    verdicts = {}
+    for label, over in tqdm(candidates, desc="checking", unit="config"):
+        verdicts[label] = check(budget, pair, replace(base_cfg.rollout, **over), cap=probes, device=device)
+    plan = [("baseline", {}, {})] + [(label, {}, over) for label, over in candidates]
+    points = sweep(
+        RESULTS / "runs" / f"validate_{pair_name}{suffix}",
+        pair_name,
+        plan,
+        seeds=seeds,
+        device=device,
+        desc="training",
+        steps=budget["steps"],
+        eval_every=0,
+        **loss,
+    )
+    paired(points, "eval_rkl", lambda p: "baseline")
+    tol = budget["tolerance"]["nats"]
+    rows = agreement_rows(candidates, points, verdicts, tol=tol)
     decided = [r for r in rows if r["agree"] is not None]
     result = {
         "pair": pair_name,
+        "loss": loss_label(**loss),
         "budget": budget["budget"],
         "budget_how": budget["how"],
         "tolerance_nats": tol,
@@ -110,7 +134,7 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
         "decided": len(decided),
         "agreement": sum(r["agree"] for r in decided) / len(decided) if decided else None,
     }
-    write(f"validation_{pair_name}", result)
+    write(f"validation_{pair_name}{suffix}", result)
     return result
 
 
