@@ -188,7 +188,7 @@ def run_point(records: list[dict]) -> dict:
 # records them. A pair without an entry uses its defaults.
 STUDY_TRAIN = {
     "tiny": {"batch_size": 64, "samples_per_prompt": 4, "lr": 3e-4, "warmup": 10, "schedule": "constant"},
-    # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise (issue 13)
+    # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise
     "smollm2": {"eval_prompts": 64},
 }
 

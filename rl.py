@@ -1,7 +1,7 @@
 """The RL baseline: GRPO-style policy gradient with a verifiable reward, through the same rollout engine.
 
 OPD gets a dense signal (the teacher's log-probs at every token); RL gets one number per response. This
-module holds the two pieces that differ from OPD; the loss itself runs through train.opd_loss
+module holds the two pieces that differ from OPD; the loss itself runs through loss.opd_loss
 (estimator "grpo"), so both see the same engine, the same batches and the same TIS option.
 
     reward       r_i = 1 if response i (stripped) equals its prompt's answer exactly, else 0

@@ -81,7 +81,7 @@ def report() -> Path:
         top = ", ".join(f"{b} ({s['per_block'][b]:.2g})" for b in s["ranking"][:5])
         parts.append(
             f"## Sensitivity: {path.stem}\n\n"
-            "Made by `python -m study sensitivity` (the README gives each pair's flags). "
+            "Made by `python -m study sensitivity` (RESULTS.md gives each pair's flags). "
             f"Most sensitive blocks (mismatch with that block alone in FP8): {top}; "
             f"all blocks FP8: {s['all_fp8']:.3g}; keeping blocks "
             f"{s['kept_high_precision']} in high precision: {s['recipe_mismatch']:.3g}. File: `{path}`.\n"
