@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 
 from cli import BadInput
-from dumps import Dump, read_dump
+from dumps import MAX_PT_BYTES, Dump, read_dump
 
 FORMATS = ("project", "prime-rl", "slime", "verl", "trl", "vllm")
 SUFFIXES = (".jsonl", ".json", ".pt")
@@ -111,7 +111,14 @@ def expand(path: str) -> list[Path]:
     return files
 
 
+def check_bytes(path: Path) -> None:
+    """A dump file larger than a dump can sensibly be is refused before it is read (dumps.MAX_PT_BYTES)."""
+    if path.stat().st_size > MAX_PT_BYTES:
+        raise BadInput(f"{path}: {path.stat().st_size} bytes; at most {MAX_PT_BYTES} (judge a sample of it)")
+
+
 def load_pt(path: Path):
+    check_bytes(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable file: a pickle error, a truncated zip, a non-tensor object
@@ -120,6 +127,7 @@ def load_pt(path: Path):
 
 def jsonl(path: Path) -> list[tuple[int, object]]:
     """(line number, object) for each non-empty line."""
+    check_bytes(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
@@ -129,8 +137,8 @@ def jsonl(path: Path) -> list[tuple[int, object]]:
         if line.strip():
             try:
                 out.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise BadInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            except (ValueError, RecursionError) as e:  # bad JSON, a 5000-digit integer, deep nesting
+                raise BadInput(f"{path}:{n}: not valid JSON ({getattr(e, 'msg', type(e).__name__)})") from None
     return out
 
 
