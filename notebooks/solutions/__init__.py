@@ -13,8 +13,8 @@ import os
 SOLUTIONS = os.environ.get("OPD_SOLUTIONS") == "1"
 
 
-def run_check(check, what: str) -> bool:
-    """Run check() and print its outcome on one line; True when it passed."""
+def run_check(check, what: str) -> None:
+    """Run check() and print its outcome on one line."""
     try:
         check()
     except NotImplementedError as e:
@@ -25,7 +25,6 @@ def run_check(check, what: str) -> bool:
         outcome = "wrong"
     else:
         print(f"✓ {what}: correct")
-        return True
+        return
     if SOLUTIONS:
         raise AssertionError(f"{what}: the reference answer is {outcome} (OPD_SOLUTIONS=1)")
-    return False

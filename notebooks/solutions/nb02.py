@@ -13,7 +13,8 @@ def my_bootstrap_ci(kl_R, seq_id_R, n_boot=1000, level=0.95, seed=0):
     """Quantiles of the token-mean KL over resamples of whole sequences."""
     n_seq = int(seq_id_R.max()) + 1
     seq_sum = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_R, kl_R.double())
-    seq_len = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_R, torch.ones(len(kl_R), dtype=torch.float64))
+    ones_R = torch.ones(len(kl_R), dtype=torch.float64)
+    seq_len = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_R, ones_R)
     draws = torch.randint(n_seq, (n_boot, n_seq), generator=torch.Generator().manual_seed(seed))
     means = seq_sum[draws].sum(1) / seq_len[draws].sum(1)
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)

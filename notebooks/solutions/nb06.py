@@ -16,7 +16,8 @@ def my_k3(engine_logprobs, train_logprobs):
 
 def my_dump_line(engine_logprobs, train_logprobs, seq_id):
     """One JSONL line of the dump schema."""
-    return json.dumps({"id": seq_id, "engine_logprobs": list(engine_logprobs), "train_logprobs": list(train_logprobs)})
+    line = {"id": seq_id, "engine_logprobs": list(engine_logprobs), "train_logprobs": list(train_logprobs)}
+    return json.dumps(line)
 
 
 def my_ess(engine_logprobs, train_logprobs):
