@@ -138,7 +138,8 @@ def jsonl(path: Path) -> list[tuple[int, object]]:
             try:
                 out.append((n, json.loads(line)))
             except (ValueError, RecursionError) as e:  # bad JSON, a 5000-digit integer, deep nesting
-                raise BadInput(f"{path}:{n}: not valid JSON ({getattr(e, 'msg', type(e).__name__)})") from None
+                reason = getattr(e, "msg", type(e).__name__)
+                raise BadInput(f"{path}:{n}: not valid JSON ({reason})") from None
     return out
 
 
