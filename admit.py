@@ -205,8 +205,11 @@ def judge_steps(budget: dict, fmt: str, steps: list, spec: str | None) -> dict:
         for s in steps
         for e in [dump_estimate(s.dump)]
     ]
+    decision = judge(budget, m, merged.sequences, available=None)
+    if m["warnings"]:  # never admit (nor reject) on a dump that cannot be read as it is
+        decision = {"verdict": "uncertain", "reason": "unreadable dump: " + "; ".join(m["warnings"])}
     return {
-        **judge(budget, m, merged.sequences, available=None),
+        **decision,
         **m,
         "budget": budget["budget"],
         "format": fmt,
@@ -321,6 +324,8 @@ def print_check(result: dict) -> None:
         f"mismatch {result['mismatch_kl']:.3e} nats/token, "
         f"95% CI [{result['ci_low']:.3e}, {result['ci_high']:.3e}] on {on}"
     )
+    if "coverage_rule" in result:
+        print(f"interval: {result['coverage_rule']}")
     if "weight_bytes" in result:
         print(
             f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB "

@@ -131,18 +131,21 @@ def draw(path, merged: Step, per_step: list[dict], result: dict, tops: list[dict
 
 
 def coverage_rule(result: dict) -> str:
-    """What the estimator needs to be unbiased, and the dump's own check of it."""
+    """What the estimator needs to be unbiased, the dump's own check of it, and the interval's rule
+    (kl.dump_estimate's coverage_rule)."""
     if result["estimator"] == "k3":
-        return (
+        need = (
             "k3 is unbiased for KL(engine ‖ train) only when the engine's support covers the trainer's "
             "(E_engine[ρ] = 1): both sides the same temperature, no top-p / top-k truncation. "
             f"Check: the mean IS ratio ρ here is {result['ratio_mean']:.4f} (1 when covered)."
         )
-    return (
-        f"{result['estimator']}: exact over the engine's top-k set; outside it, k3 on sampled tokens outside "
-        "the set (unbiased under the same coverage condition as k3). The top-k set must be exactly the "
-        f"engine's k largest. Lower bound without sampling: {result['kl_lower_bound']:.3e}."
-    )
+    else:
+        need = (
+            f"{result['estimator']}: exact over the engine's top-k set; outside it, k3 on sampled tokens "
+            "outside the set (unbiased under the same coverage condition as k3). The top-k set must be "
+            f"exactly the engine's k largest. Lower bound without sampling: {result['kl_lower_bound']:.3e}."
+        )
+    return f"{need} Interval: {result['coverage_rule']}."
 
 
 def report(result: dict, tops: list[dict], command: str, figure: str) -> str:

@@ -6,7 +6,11 @@ JSONL, one sequence (one sampled response) per line, an object with
                                         trained (no grad); same length
     token_ids             [int, ...]    optional: the sampled tokens (needed with the top-k fields)
     engine_top_logprobs   [{id: logp}]  optional, one object per token: log-probs of the engine's top-k
-    train_top_logprobs    [{id: logp}]  tokens under each side, over the same token ids (keys are strings)
+    train_top_logprobs    [{id: logp}]  tokens under each side, over the same token ids (keys are strings);
+                                        exactly the engine's k most likely tokens at every position. A row
+                                        of k + 1 whose least likely entry is the sampled token (vLLM's
+                                        logprobs=k adds it when it ranks below k) is trimmed to k; other
+                                        sizes are refused
     id                    anything      optional, carried through
 Also accepted: a torch .pt file holding a dict of padded [B, T] tensors `engine_logprobs`, `train_logprobs`
 (floating point) and `mask` (bool, integer or floating; 1 on response tokens).
@@ -104,6 +108,7 @@ def _line(obj, where: str) -> dict:
                 f"{where}: engine_top_logprobs and train_top_logprobs must cover the same token ids"
             )
         seq["in_top"] = [str(i) in e for i, e in zip(ids, top_e)]
+        seq["y_at"] = [list(e).index(str(i)) if str(i) in e else None for i, e in zip(ids, top_e)]
         seq["top_engine"] = [list(e.values()) for e in top_e]
         seq["top_train"] = [[t[k] for k in e] for e, t in zip(top_e, top_t)]
     return seq
@@ -114,8 +119,38 @@ def _pad(rows: list[list[float]]) -> torch.Tensor:
     return torch.tensor([r + [-math.inf] * (k - len(r)) for r in rows], dtype=torch.float64)
 
 
-def _from_sequences(seqs: list[dict]) -> Dump:
+TOP_HELP = (
+    "write exactly the engine's k most likely tokens at every position (vLLM's logprobs=k adds the sampled "
+    "token when it ranks below k: leave that entry out), or leave out the top-k fields to judge by k3"
+)
 
+
+def _exact_topk(seqs: list[dict], where: str) -> None:
+    """Make every top-k row the engine's k largest, k = the smallest row: a row of k + 1 whose least likely
+    entry is the sampled token loses it (vLLM's "up to logprobs+1 elements"), since a set that holds y
+    because y was drawn biases the top-k estimator (kl.topk_token_kl). Any other row size, or rows that
+    all end in the sampled token (k cannot be told), is refused with one line."""
+    rows = [(s, t) for s in seqs for t in range(len(s["top_engine"]))]
+    k = min(len(s["top_engine"][t]) for s, t in rows)
+
+    def y_last(s, t) -> bool:  # the sampled token is in the row and its least likely entry
+        j = s["y_at"][t]
+        return j is not None and s["top_engine"][t][j] == min(s["top_engine"][t])
+
+    if len(rows) >= 8 and all(len(s["top_engine"][t]) == k and y_last(s, t) for s, t in rows):
+        raise BadInput(f"{where}: every top-k row ends in the sampled token, so k cannot be told; {TOP_HELP}")
+    for s, t in rows:
+        if len(s["top_engine"][t]) == k:
+            continue
+        if len(s["top_engine"][t]) != k + 1 or not y_last(s, t):
+            n = max(len(s["top_engine"][t]) for s, t in rows)
+            raise BadInput(f"{where}: top-k rows hold {k} to {n} ids; {TOP_HELP}")
+        j = s["y_at"][t]
+        del s["top_engine"][t][j], s["top_train"][t][j]
+        s["in_top"][t] = False
+
+
+def _from_sequences(seqs: list[dict], where: str) -> Dump:
     def flat(key: str) -> list:
         return [x for s in seqs for x in s[key]]
 
@@ -126,6 +161,7 @@ def _from_sequences(seqs: list[dict]) -> Dump:
         seq_id,
     )
     if all("in_top" in s for s in seqs):
+        _exact_topk(seqs, where)
         dump.in_top_R = torch.tensor(flat("in_top"))
         dump.top_engine_R_K, dump.top_train_R_K = _pad(flat("top_engine")), _pad(flat("top_train"))
     return dump
@@ -195,7 +231,7 @@ def read_dump(path: str | Path) -> Dump:
     if not seqs:
         raise BadInput(f"--dump {path}: no sequences (expected one JSON object per line)")
     _check_size(path, sequences=len(seqs), tokens=sum(len(s["engine"]) for s in seqs))
-    return _from_sequences(seqs)
+    return _from_sequences(seqs, where=f"--dump {path}")
 
 
 def _check_size(path: Path, sequences: int, tokens: int) -> None:

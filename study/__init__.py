@@ -7,6 +7,7 @@ measurements summarised into results/ (a JSON file and a plot each). One module 
     async            time-to-quality, sync/async × bf16/fp8 (study/time_to_quality.py)
     sources          every mismatch source alone and combined, staleness included (study/sources.py)
     sensitivity      FP8 one decoder block at a time, and a greedy recipe (study/sensitivity.py)
+    coverage         how often a dump's CI misses the exact KL, k3-only and top-k (study/coverage.py)
     report           results/SUMMARY.md from all of the above (study/report.py)
 
 Run them as `python -m study <experiment> ...`; finished runs are reused and killed ones resume

@@ -6,6 +6,7 @@ python -m study prefix                   # ~6 min
 python -m study async                    # smollm2, ~10 min
 python -m study sources --pair tiny --weights fp8 --kv-cache fp8 --staleness 2
 python -m study sensitivity --pair smollm2 --probes 8 --max-new-tokens 24
+python -m study coverage --pair tiny --draws 200   # dump CI coverage, k3-only and top-k
 python -m study report
 """
 
@@ -16,6 +17,7 @@ from mismatch import DEFAULT_PROBES, PROBES
 from models import DEVICES, PAIRS, resolve_device
 from quant import FP8_WEIGHTS
 from rollout import RolloutConfig, add_rollout_args
+from study.coverage import DRAWS, SIZE, run_coverage
 from study.opd_vs_rl import rl, rl_table
 from study.prefix import prefix, prefix_table
 from study.report import report
@@ -87,6 +89,17 @@ def build_parser() -> Parser:
     a.add_argument("--pair", default="smollm2", choices=PAIRS, help="the pair (default: %(default)s)")
     a.add_argument("--steps", type=positive_int, default=8, help="steps per run (default: %(default)s)")
     add_measurement_parsers(sub)
+    cov = sub.add_parser("coverage", help="how often a dump's CI misses the exact KL (k3-only and top-k)")
+    cov.add_argument(
+        "--pair", default="both", choices=("tiny", "smollm2", "both"), help="(default: %(default)s)"
+    )
+    cov.add_argument(
+        "--draws", type=positive_int, default=DRAWS, help="draws per cell (default: %(default)s)"
+    )
+    cov.add_argument("--smollm2-draws", type=positive_int, help="draws per smollm2 cell (default: --draws)")
+    cov.add_argument(
+        "--size", type=positive_int, default=SIZE, help="sequences a draw (default: %(default)s)"
+    )
     sub.add_parser("report", help="results/SUMMARY.md from the results")
     for sp in sub.choices.values():
         sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
@@ -101,6 +114,8 @@ def main(argv=None) -> None:
             return run_sources(args, device)
         if args.cmd == "sensitivity":
             return run_sensitivity(args, device)
+        if args.cmd == "coverage":
+            return run_coverage(args, device)
         if args.cmd == "validate":
             budget = Path(args.budget or f"budgets/{args.pair}/budget.json")
             print(

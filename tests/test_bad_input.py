@@ -336,6 +336,8 @@ OTHERS = [
     ("study.__main__", ["sensitivity", "--weights", "bf16"], "--weights"),
     ("study.__main__", ["sensitivity", "--out", "afile"], "afile"),
     ("study.__main__", ["sources", "--noise", "-1"], "--noise"),
+    ("study.__main__", ["coverage", "--draws", "0"], "--draws"),
+    ("study.__main__", ["coverage", "--pair", "gemma3"], "--pair"),
     ("rollout", ["--n", "-2"], "--n"),
     ("rollout", ["--top-p", "2"], "--top-p"),
     ("models", ["info", "--pair", "nope"], "--pair"),
