@@ -329,7 +329,8 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
 
 def run_or_resume(cfg: TrainConfig) -> list[dict]:
     """The records of run cfg.name: reused when it finished with these very settings (runfiles.reusable_run),
-    resumed when killed, else run (quietly); other settings are refused. How admit.py, study.py reuse runs."""
+    resumed when killed, else run (quietly); other settings are refused. How calibrate.py and the study
+    reuse runs."""
     run_dir = Path(cfg.out_dir) / cfg.name
     settings = {k: v for k, v in asdict(cfg).items() if k not in SAFE_ON_RESUME or k == "steps"}
     if reusable_run(run_dir, settings=settings, step=cfg.steps):
