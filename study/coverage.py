@@ -49,7 +49,11 @@ def sample_draw(pair, over: dict, tokens: int, size: int, i: int) -> dict:
     pool = [*pair.eval_prompts, *pair.train_prompts]
     prompts = [format_prompt(pair.tokenizer, pool[(i * size + j) % len(pool)].text) for j in range(size)]
     cfg = RolloutConfig(max_new_tokens=tokens, seed=i, **over)
-    s = measure_config(pair, cfg, prompts, keep=True)["scored"]
+    return compact(measure_config(pair, cfg, prompts, keep=True)["scored"])
+
+
+def compact(s) -> dict:
+    """A Scored sample as a draw: the exact KL per token and what a dump of it holds (as_dump)."""
     return {
         "kl_R": s.kl_R,
         "engine_R": s.logp_engine_R.double(),

@@ -16,7 +16,7 @@ from kl import dump_estimate, dump_flags, seq_mean_se
 from mismatch import measure_config
 from models import format_prompt
 from rollout import RolloutConfig
-from study.coverage import CELLS, as_dump, judge_draws, sample_draw
+from study.coverage import CELLS, as_dump, compact, judge_draws, sample_draw
 
 DRAWS = 20  # fixed seeds 0..19 per cell, 64 sequences each
 MISS_BOUND = 1 / DRAWS  # at most one of the 20 draws may miss from above (the 200-draw table: <= 1%)
@@ -210,15 +210,7 @@ def test_as_dump_is_what_write_dump_writes(tiny_pair, tmp_path):
     probes = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_pair.eval_prompts[:16]]
     s = measure_config(tiny_pair, RolloutConfig(max_new_tokens=8, noise=0.3), probes, keep=True)["scored"]
     write_dump(tmp_path / "d.jsonl", s)
-    d = {
-        "engine_R": s.logp_engine_R.double(),
-        "train_R": s.logp_train_R.double(),
-        "seq_id_R": s.seq_id_R,
-        "y_R": s.rollout.tokens[:, 1:][s.rollout.targets()].cpu(),
-        "top_ids_R_K": s.top_ids_R_K,
-        "top_engine_R_K": s.top_engine_R_K.double(),
-        "top_train_R_K": s.top_train_R_K.double(),
-    }
+    d = compact(s)
     read = read_dump(tmp_path / "d.jsonl")
     for top in (False, True):
         b = dump_estimate(read if top else Dump(read.engine_R, read.train_R, read.seq_id_R))
