@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 from calibrate import budget_ci
+from budget import loss_label
 from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
+from study.losses import budget_text, losses_table, pair_budgets, plot_losses
 from study.opd_vs_rl import rl_table
 from study.prefix import prefix_table
 from study.time_to_quality import async_table
@@ -50,32 +52,45 @@ def ci_line(budget: dict) -> str:
     )
 
 
+def budget_section(path: Path, b: dict) -> str:
+    """One budget's paragraph: its command, value, tolerance, runs, interval and noise."""
+    lower = b["how"] == "all-within"  # no run lost more than the tolerance: the budget is a lower bound
+    how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
+    return (
+        f"### {loss_label(b['loss'], b['tis_cap'])}\n\n"
+        f"`{b.get('command') or 'python calibrate.py --pair ' + b['pair']}`: budget **{budget_text(b)} nats/token** ({how}); "
+        f"tolerance {b['tolerance']['nats']:.4f} nats "
+        f"({b['tolerance']['fraction']:.0%} of the baseline's "
+        f"{b['baseline']['improvement']:.3f}-nat improvement); "
+        f"{len(b['points'])} runs of {b['steps']} steps; "
+        f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"
+        + ci_line(b)
+        + noise_line(b.get("noise"))
+    )
+
+
+def budget_sections(pair: str) -> list[str]:
+    """A pair's budgets, one per loss: the side-by-side table, the overlay figure, then each budget."""
+    budgets = pair_budgets(pair)
+    if not budgets:
+        return []
+    figure = RESULTS / f"budgets_{pair}.png"
+    plot_losses(pair, budgets, figure)
+    return [
+        f"## Budgets: {pair}\n\n{losses_table(budgets)}\n\nEach loss's fit: `{figure}`.\n",
+        *(budget_section(path, b) for path, b in budgets),
+    ]
+
+
 def report() -> Path:
     """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so."""
+    RESULTS.mkdir(exist_ok=True)
     parts = [
         "# Results\n",
         "Regenerate: `python -m study report` (each section names the command that made its numbers).\n",
     ]
     for pair in PAIRS:
-        path = Path("budgets") / pair / "budget.json"
-        if path.exists():
-            b = json.loads(path.read_text())
-            lower = (
-                b["how"] == "all-within"
-            )  # no run lost more than the tolerance: the budget is at least the largest mismatch tried
-            how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
-            command = b.get("command") or f"python calibrate.py --pair {pair}"
-            parts.append(
-                f"## Budget: {pair}\n\n"
-                f"`{command}`: budget **{'≥ ' if lower else ''}{b['budget']:.3g} nats/token** ({how}); "
-                f"tolerance {b['tolerance']['nats']:.4f} nats "
-                f"({b['tolerance'].get('fraction', float('nan')):.0%} of the baseline's "
-                f"{b['baseline']['improvement']:.3f}-nat improvement); "
-                f"{len(b['points'])} runs of {b['steps']} steps; "
-                f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"
-                + ci_line(b)
-                + noise_line(b.get("noise"))
-            )
+        parts += budget_sections(pair)
     for path in sorted(RESULTS.glob("sensitivity_*.json")):
         s = json.loads(path.read_text())
         top = ", ".join(f"{b} ({s['per_block'][b]:.2g})" for b in s["ranking"][:5])
@@ -106,6 +121,5 @@ def report() -> Path:
         plot = f" Plot: `results/{name}.png`." if (RESULTS / f"{name}.png").exists() else ""
         parts.append(f"## {title}\n\n`{command}`.{plot}\n\n{body}\n")
     out = RESULTS / "SUMMARY.md"
-    RESULTS.mkdir(exist_ok=True)
     atomic_write_text(out, "\n".join(parts))
     return out

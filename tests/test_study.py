@@ -108,3 +108,23 @@ def test_validation_table_counts_agreement_on_decided_verdicts_only():
     assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(
         rows
     )  # header + a row per candidate
+
+
+def test_a_pairs_budgets_are_read_per_loss_tabled_and_overlaid(tmp_path):
+    """budgets/<pair>/budget.json and budgets/<pair>/<loss>/budget.json: each read with its loss, one table
+    row each (a budget below the smallest mismatch tried reads "< smallest"), one overlay figure."""
+    from study import losses
+
+    analytic = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
+    sampled = {**analytic, "loss": "sampled", "tis_cap": 2.0, "budget": 0.0, "how": "none-within"}
+    (tmp_path / "tiny" / "sampled-tis2").mkdir(parents=True)
+    (tmp_path / "tiny" / "budget.json").write_text(json.dumps(analytic))
+    (tmp_path / "tiny" / "sampled-tis2" / "budget.json").write_text(json.dumps(sampled))
+    budgets = losses.pair_budgets("tiny", root=tmp_path)
+    assert [(b["loss"], b["tis_cap"]) for _, b in budgets] == [("analytic", 0.0), ("sampled", 2.0)]
+    rows = losses.losses_table(budgets).splitlines()[2:]
+    smallest = min(p["mismatch"] for p in analytic["points"] if p["mismatch"] > 0)
+    assert rows[0].startswith(f"| analytic | {analytic['budget']:.3g} |")
+    assert rows[1].startswith(f"| sampled-tis2 | < {smallest:.2g} | — |")
+    losses.plot_losses("tiny", budgets, tmp_path / "overlay.png")
+    assert (tmp_path / "overlay.png").stat().st_size > 10_000

@@ -1,0 +1,97 @@
+"""losses: a pair's budgets side by side, one per OPD loss, and one figure that overlays their fits.
+
+A budget is fitted for one loss (budget.py). The losses differ in how much mismatch they tolerate because
+they see the engine differently: the analytic loss only through the prefixes it samples, the sampled ones
+through every sampled token's log-prob. The figure puts each loss's monotone fit on one axis, the quality
+lost as a fraction of that loss's own baseline improvement, so the tolerance (5%) is one line for all.
+
+python -m study report    # writes results/budgets_<pair>.png and the table in results/SUMMARY.md
+"""
+
+import math
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from budget import loss_label, read_budget
+from runfiles import atomic_savefig
+
+BUDGETS = Path("budgets")
+
+
+def pair_budgets(pair: str, root: Path = BUDGETS) -> list[tuple[Path, dict]]:
+    """Every budget of a pair: root/<pair>/budget.json (the analytic one) and root/<pair>/<loss>/budget.json,
+    read and checked (budget.read_budget)."""
+    paths = [root / pair / "budget.json", *sorted((root / pair).glob("*/budget.json"))]
+    return [(p, read_budget(p, pair)) for p in paths if p.is_file()]
+
+
+def budget_text(b: dict) -> str:
+    """The budget as a reader should take it: a number, a lower bound, or below the smallest mismatch tried."""
+    if b["how"] == "all-within":
+        return f"≥ {b['budget']:.3g}"
+    if b["how"] == "none-within":
+        smallest = min((p["mismatch"] for p in b["points"] if p["mismatch"] > 0), default=math.nan)
+        return f"< {smallest:.2g}"
+    return f"{b['budget']:.3g}"
+
+
+def interval_text(b: dict) -> str:
+    """The recorded 95% seed-bootstrap interval, "—" where none was recorded (one seed, or not a crossing)."""
+    ci = b.get("budget_ci")
+    if not ci or b["how"] != "crossing":
+        return "—"
+    lo, hi = (f"{v:.3g}" if v is not None else "beyond the grid" for v in (ci["lo"], ci["hi"]))
+    return f"[{lo}, {hi}]"
+
+
+def losses_table(budgets: list[tuple[Path, dict]]) -> str:
+    """Markdown: one row per loss, budget with its interval, tolerance, baseline and the runs behind it."""
+    rows = [
+        "| loss | budget (nats/token) | 95% interval | tolerance (nats) | baseline improvement | runs | "
+        "s/run | file |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for path, b in budgets:
+        base = b["baseline"]
+        rows.append(
+            f"| {loss_label(b['loss'], b['tis_cap'])} | {budget_text(b)} | {interval_text(b)} | "
+            f"{b['tolerance']['nats']:.4f} | {base['eval_rkl_start']:.3f} → {base['eval_rkl_final']:.3f} | "
+            f"{len(b['points'])} × {b['steps']} steps | {b['seconds_per_run']:.0f} | `{path}` |"
+        )
+    return "\n".join(rows)
+
+
+def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None:
+    """Each loss's monotone fit of quality loss vs mismatch, as a fraction of its baseline improvement, with
+    its budget; the tolerance is one horizontal line when all budgets share a tolerance fraction."""
+    fig = Figure(figsize=(8.5, 4.2))
+    ax = fig.subplots()
+    smallest = min((x for _, b in budgets for x in b["fit"]["mismatch"] if x > 0), default=1e-6)
+    floor = smallest / 3  # where the baseline (mismatch 0) is drawn on the log axis
+    for i, (_, b) in enumerate(budgets):
+        color, label = f"C{i}", loss_label(b["loss"], b["tis_cap"])
+        improvement = b["baseline"]["improvement"]
+        xs = [max(x, floor) for x in b["fit"]["mismatch"]]
+        ys = [q / improvement for q in b["fit"]["quality_loss"]]
+        ax.step(xs, ys, where="post", color=color, label=f"{label}: budget {budget_text(b)}")
+        ax.scatter(
+            [max(p["mismatch"], floor) for p in b["points"]],
+            [p["quality_loss"] / improvement for p in b["points"]],
+            color=color, s=10, alpha=0.5,
+        )
+        if b["how"] == "crossing":
+            ax.axvline(b["budget"], color=color, ls="--", lw=1)
+    fractions = {b["tolerance"]["fraction"] for _, b in budgets}
+    for f in fractions:
+        ax.axhline(f, color="k", ls=":", lw=1, label=f"tolerance ({f:.0%} of each loss's improvement)")
+    ax.set_yscale("symlog", linthresh=0.05)  # linear around the tolerance, logarithmic where losses break
+    ax.set(
+        xscale="log",
+        xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token (baseline drawn at the left edge)",
+        ylabel="quality lost / baseline improvement",
+    )
+    ax.set_title(f"{pair}: how much mismatch each OPD loss tolerates (points: runs; lines: monotone fits)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    atomic_savefig(fig, path)
