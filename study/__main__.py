@@ -7,6 +7,7 @@ python -m study async                    # smollm2, ~10 min
 python -m study sources --pair tiny --weights fp8 --kv-cache fp8 --staleness 2
 python -m study sensitivity --pair smollm2 --probes 8 --max-new-tokens 24
 python -m study coverage --pair tiny --draws 200   # dump CI coverage, k3-only and top-k
+python -m study drift --budget budgets/tiny/budget.json   # training (dump) vs probe mismatch
 python -m study report
 """
 
@@ -18,6 +19,7 @@ from models import DEVICES, PAIRS, resolve_device
 from quant import FP8_WEIGHTS
 from rollout import RolloutConfig, add_rollout_args
 from study.coverage import DRAWS, SIZE, run_coverage
+from study.drift import drift, drift_table
 from study.opd_vs_rl import rl, rl_table
 from study.prefix import prefix, prefix_table
 from study.report import report
@@ -100,6 +102,8 @@ def build_parser() -> Parser:
     cov.add_argument(
         "--size", type=positive_int, default=SIZE, help="sequences a draw (default: %(default)s)"
     )
+    d = sub.add_parser("drift", help="training mismatch (what a dump reads) vs the probe measurement")
+    d.add_argument("--budget", required=True, help="budget.json whose calibration runs to read")
     sub.add_parser("report", help="results/SUMMARY.md from the results")
     for sp in sub.choices.values():
         sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
@@ -125,6 +129,8 @@ def main(argv=None) -> None:
             print(rl_table(rl(args.seeds, device)))
         elif args.cmd == "prefix":
             print(prefix_table(prefix(args.seeds, device)))
+        elif args.cmd == "drift":
+            print(drift_table(drift(Path(args.budget))))
         elif args.cmd == "async":
             print(async_table(async_study(args.pair, args.steps, device)))
         print(f"wrote {report()}")

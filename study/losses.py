@@ -27,7 +27,8 @@ def pair_budgets(pair: str, root: Path = BUDGETS) -> list[tuple[Path, dict]]:
 
 
 def budget_text(b: dict) -> str:
-    """The budget as a reader should take it: a number, a lower bound, or below the smallest mismatch tried."""
+    """The budget as a reader should take it: a number, a lower bound, or below the smallest mismatch
+    tried."""
     if b["how"] == "all-within":
         return f"≥ {b['budget']:.3g}"
     if b["how"] == "none-within":
@@ -78,7 +79,9 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
         ax.scatter(
             [max(p["mismatch"], floor) for p in b["points"]],
             [p["quality_loss"] / improvement for p in b["points"]],
-            color=color, s=10, alpha=0.5,
+            color=color,
+            s=10,
+            alpha=0.5,
         )
         if b["how"] == "crossing":
             ax.axvline(b["budget"], color=color, ls="--", lw=1)
@@ -88,7 +91,7 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
     ax.set_yscale("symlog", linthresh=0.05)  # linear around the tolerance, logarithmic where losses break
     ax.set(
         xscale="log",
-        xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token (baseline drawn at the left edge)",
+        xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token (baseline at the left edge)",
         ylabel="quality lost / baseline improvement",
     )
     ax.set_title(f"{pair}: how much mismatch each OPD loss tolerates (points: runs; lines: monotone fits)")

@@ -11,6 +11,7 @@ from budget import loss_label
 from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
+from study.drift import drift_table
 from study.losses import budget_text, losses_table, pair_budgets, plot_losses
 from study.opd_vs_rl import rl_table
 from study.prefix import prefix_table
@@ -58,7 +59,8 @@ def budget_section(path: Path, b: dict) -> str:
     how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
     return (
         f"### {loss_label(b['loss'], b['tis_cap'])}\n\n"
-        f"`{b.get('command') or 'python calibrate.py --pair ' + b['pair']}`: budget **{budget_text(b)} nats/token** ({how}); "
+        f"`{b.get('command') or 'python calibrate.py --pair ' + b['pair']}`: "
+        f"budget **{budget_text(b)} nats/token** ({how}); "
         f"tolerance {b['tolerance']['nats']:.4f} nats "
         f"({b['tolerance']['fraction']:.0%} of the baseline's "
         f"{b['baseline']['improvement']:.3f}-nat improvement); "
@@ -115,6 +117,12 @@ def report() -> Path:
         ("prefix_tiny", "Per-token vs prefix shift", "python -m study prefix", prefix_table),
         ("async_smollm2", "FP8 + async time-to-quality", "python -m study async", async_table),
     ]
+    for path in sorted(RESULTS.glob("drift_*.json")):
+        d = json.loads(path.read_text())
+        parts.append(
+            f"## Dumps from training vs probes: {d['pair']}, {d['loss']}\n\n"
+            f"`python -m study drift --budget {d['budget']}`.\n\n{drift_table(d)}\n"
+        )
     for name, title, command, table in sections:
         path = RESULTS / f"{name}.json"
         body = table(json.loads(path.read_text())) if path.exists() else f"(not run yet: `{command}`)"

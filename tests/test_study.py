@@ -128,3 +128,31 @@ def test_a_pairs_budgets_are_read_per_loss_tabled_and_overlaid(tmp_path):
     assert rows[1].startswith(f"| sampled-tis2 | < {smallest:.2g} | — |")
     losses.plot_losses("tiny", budgets, tmp_path / "overlay.png")
     assert (tmp_path / "overlay.png").stat().st_size > 10_000
+
+
+def test_drift_compares_each_window_of_training_mismatch_with_the_probe_measurement(tmp_path, monkeypatch):
+    """A 20-step run logging mismatch_kl = 0.01 · step against a probe measurement of 0.1: the first tenth
+    (steps 1-2) reads 0.015 (×0.15), the middle (steps 10-11) 0.105, the last (19-20) 0.195 (×1.95)."""
+    from study import drift
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "budgets" / "tiny"
+    run = folder / "runs" / "noise_0.1-seed0"
+    run.mkdir(parents=True)
+    run.joinpath("metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "mismatch_kl": 0.01 * s}) + "\n" for s in range(1, 21))
+    )
+    budget = {
+        "schema_version": 2, "pair": "tiny", "loss": "analytic", "tis_cap": 0.0, "budget": 1.0,
+        "how": "crossing", "tolerance": {"nats": 0.01}, "seconds_per_run": 1.0, "steps": 20, "seeds": 1,
+        "points": [{"source": "baseline", "seed": 0, "mismatch": 0.0},
+                   {"source": "noise 0.1", "seed": 0, "mismatch": 0.1}],
+    }  # fmt: skip
+    folder.joinpath("budget.json").write_text(json.dumps(budget))
+    row = drift.drift(folder / "budget.json")["rows"]["noise 0.1"]
+    assert list(drift.windows(20)["middle"]) == [10, 11]
+    expected = {"first": 0.015, "middle": 0.105, "last": 0.195}
+    for w, value in expected.items():
+        assert abs(row[w] - value) < 1e-12 and abs(row[f"{w}_ratio"] - value / 0.1) < 1e-9
+    assert "| noise 0.1 | 0.1 | 0.015 (×0.15) |" in drift.drift_table(drift.drift(folder / "budget.json"))
+    assert (tmp_path / "results" / "drift_tiny_analytic.json").is_file()
