@@ -8,6 +8,7 @@ Agreement = admit & within, or reject & beyond; uncertain verdicts are counted a
     python -m study validate --pair tiny
 """
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from models import device_label, load_pair
 from study.common import RESULTS, mean_by, paired, sweep, write
 from study.sensitivity import block_skip
 
+# Candidates each pair's calibration never ran (tiny's default calibration runs noise 0.003…1, fp8, kv-fp8,
 # staleness 2).
 VALIDATION = {
     "tiny": [
@@ -53,6 +55,38 @@ VALIDATION = {
         ("fp8-emu", {"weights": "fp8-emu"}),
     ],
 }
+
+
+NEAR_BUDGET = (0.5, 0.75, 1.3, 2.0)  # noise candidates of a sampled-loss validation, at these × the budget
+
+
+def noise_for(budget: dict, target: float) -> float:
+    """The noise σ whose probe mismatch the calibration's noise points put at `target`: log-log linear
+    interpolation of mismatch vs σ (seeds averaged), extrapolated from the nearest two points outside the
+    grid; rounded to two significant figures and moved off the grid (×1.1) so it is a configuration the
+    calibration never ran."""
+    by_sigma: dict[float, list[float]] = {}
+    for p in budget["points"]:
+        if p["source"].startswith("noise ") and p["mismatch"] > 0:
+            by_sigma.setdefault(float(p["source"].split()[1]), []).append(p["mismatch"])
+    grid = sorted((s, sum(m) / len(m)) for s, m in by_sigma.items())
+    if len(grid) < 2:
+        raise BadInput("the budget has fewer than two noise points to place candidates near it")
+    logs = [(math.log(s), math.log(m)) for s, m in grid]
+    i = min(max(1, sum(lm < math.log(target) for _, lm in logs)), len(logs) - 1)
+    (s0, m0), (s1, m1) = logs[i - 1], logs[i]
+    sigma = float(f"{math.exp(s0 + (math.log(target) - m0) * (s1 - s0) / (m1 - m0)):.2g}")
+    return round(sigma * 1.1, 4) if sigma in by_sigma else sigma
+
+
+def candidates_for(pair_name: str, budget: dict) -> list[tuple[str, dict]]:
+    """The analytic loss: the pair's VALIDATION list. A sampled loss, whose budget lies far below the
+    analytic one: the list's configurations without noise, and noise at NEAR_BUDGET × its budget."""
+    if budget["loss"] == "analytic" or budget["how"] != "crossing":
+        return VALIDATION[pair_name]
+    real = [(label, over) for label, over in VALIDATION[pair_name] if "noise" not in over]
+    sigmas = sorted({noise_for(budget, f * budget["budget"]) for f in NEAR_BUDGET})
+    return real + [(f"noise {s:g}", {"noise": s}) for s in sigmas]
 
 
 def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -> list[dict]:
@@ -97,7 +131,7 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
         "tis_cap": budget["tis_cap"],
     }  # the validation trains with the budget's loss
     suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
-    candidates = VALIDATION[pair_name]
+    candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
     base_cfg = study_config(pair_name, device=device, **loss)
     verdicts = {}

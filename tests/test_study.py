@@ -156,3 +156,20 @@ def test_drift_compares_each_window_of_training_mismatch_with_the_probe_measurem
         assert abs(row[w] - value) < 1e-12 and abs(row[f"{w}_ratio"] - value / 0.1) < 1e-9
     assert "| noise 0.1 | 0.1 | 0.015 (×0.15) |" in drift.drift_table(drift.drift(folder / "budget.json"))
     assert (tmp_path / "results" / "drift_tiny_analytic.json").is_file()
+
+
+def test_a_sampled_loss_is_validated_near_its_own_budget():
+    """Calibration points with mismatch = σ²: the noise for a target mismatch is its square root, moved off
+    the calibration grid; a sampled-loss budget gets the real configurations and four near-budget noises."""
+    points = [
+        {"source": f"noise {s:g}", "seed": seed, "mismatch": s * s} for s in (0.01, 0.1, 1.0) for seed in (0, 1)
+    ]
+    budget = {"loss": "sampled", "how": "crossing", "budget": 0.0025, "points": points}
+    assert validate.noise_for(budget, 0.0025) == 0.05
+    assert validate.noise_for(budget, 0.01) == 0.11, "0.1 was calibrated: moved off the grid"
+    assert validate.noise_for(budget, 4.0) == 2.0, "beyond the grid: extrapolated from the last two points"
+    candidates = validate.candidates_for("tiny", budget)
+    noises = [over["noise"] for _, over in candidates if "noise" in over]
+    assert noises == [0.035, 0.043, 0.057, 0.071] and len(candidates) >= 8
+    assert all("noise" not in over for _, over in candidates[: len(candidates) - 4])
+    assert validate.candidates_for("tiny", {**budget, "loss": "analytic"}) == validate.VALIDATION["tiny"]
