@@ -19,6 +19,9 @@ PREFIX_ESTIMATORS = {
     "sampled+TIS": {"loss": "sampled", "tis_cap": 2.0},
 }
 PREFIX_SIGMAS = (0.0, 0.1, 0.3, 0.5, 1.0)
+# The settings results/prefix_tiny.json was measured with (64 prompts × 4 samples as in calibrate.STUDY_TRAIN,
+# but 60 steps at a constant lr 3e-4), pinned so the command reproduces it.
+PREFIX_TRAIN = dict(steps=60, lr=3e-4, warmup=10, schedule="constant", eval_every=0)
 
 
 def prefix(seeds: int, device: str) -> dict:
@@ -28,7 +31,7 @@ def prefix(seeds: int, device: str) -> dict:
         for s in PREFIX_SIGMAS
     ]
     out = RESULTS / "runs" / "prefix_tiny"
-    points = sweep(out, "tiny", plan, seeds=seeds, device=device, desc="prefix shift", steps=60, eval_every=0)
+    points = sweep(out, "tiny", plan, seeds=seeds, device=device, desc="prefix shift", **PREFIX_TRAIN)
     paired(points, "eval_rkl", lambda p: p["label"].rsplit(" ", 1)[0] + " 0")
     trajectories = {}  # per σ, from the sampled+TIS runs of seed 0: per-step per-token and prefix KL
     for s in PREFIX_SIGMAS:
@@ -44,7 +47,8 @@ def prefix(seeds: int, device: str) -> dict:
         "pair": "tiny",
         "estimators": PREFIX_ESTIMATORS,
         "sigmas": PREFIX_SIGMAS,
-        "steps": 60,
+        "steps": PREFIX_TRAIN["steps"],
+        "train": PREFIX_TRAIN,
         "seeds": seeds,
         "device": device_label(device),
         "points": points,
