@@ -12,7 +12,7 @@ import pytest
 
 from admit import verdict
 from budget import SCHEMA_VERSION
-from calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd
+from calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd, refuse_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,6 +106,19 @@ def test_budget_ci_brackets_the_budget_and_collapses_without_seed_spread():
     assert flat["hi"] is None and flat["lo"] is not None, "all-within draws read as +inf"
     assert 0.65 < flat["beyond_largest_mismatch"] < 0.85
     json.dumps(flat, allow_nan=False)  # and stay valid JSON
+
+
+def test_a_tolerance_under_two_standard_errors_writes_no_budget(tmp_path):
+    """Seed noise larger than half the tolerance: refused with one line naming both; enough seeds, or one
+    seed (no spread to judge by), pass."""
+    from cli import BadInput
+
+    noisy = {"tolerance_at_least_2se": False, "tolerance_over_se": 0.3, "paired_loss_se": 0.29}
+    with pytest.raises(BadInput, match=r"0\.0870 nats, is 0\.30 standard errors .* no budget written"):
+        refuse_noise(noisy, 0.087, tmp_path)
+    refuse_noise({**noisy, "tolerance_at_least_2se": True, "tolerance_over_se": 4.7}, 0.087, tmp_path)
+    refuse_noise({**noisy, "tolerance_at_least_2se": None, "tolerance_over_se": None}, 0.087, tmp_path)
+    assert not (tmp_path / "budget.json").exists()
 
 
 def test_check_never_admits_above_the_budget():
