@@ -19,8 +19,8 @@ PREFIX_ESTIMATORS = {
     "sampled+TIS": {"loss": "sampled", "tis_cap": 2.0},
 }
 PREFIX_SIGMAS = (0.0, 0.1, 0.3, 0.5, 1.0)
-# The settings results/prefix_tiny.json was measured with (64 prompts × 4 samples as in calibrate.STUDY_TRAIN,
-# but 60 steps at a constant lr 3e-4), pinned so the command reproduces it.
+# The settings results/prefix_tiny.json was measured with (64 prompts × 4 samples from calibrate.STUDY_TRAIN,
+# 60 steps at a constant lr 3e-4), pinned here so the command reproduces it whatever the study's become.
 PREFIX_TRAIN = dict(steps=60, lr=3e-4, warmup=10, schedule="constant", eval_every=0)
 
 
