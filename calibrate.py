@@ -446,12 +446,18 @@ def measure_eval_noise(pair_name: str, run_dir: Path, cfg, prompts: list[int], d
     return out
 
 
-def paired_loss_sd(points: list[dict]) -> float | None:
-    """The pooled across-seed SD of the paired quality loss over the configurations (not the baseline):
+NEAR = 3.0  # the noise that decides a budget: configurations whose mean loss is within NEAR × tolerance
+
+
+def paired_loss_sd(points: list[dict], near: float = math.inf) -> float | None:
+    """The pooled across-seed SD of the paired quality loss over the configurations (not the baseline) whose
+    mean |loss| is at most `near`:
         sd² = Σ_c Σ_s (loss_cs − mean_c)² / Σ_c (seeds_c − 1);
-    training and evaluation noise together. None without a configuration run on two seeds."""
+    training and evaluation noise together. A configuration far beyond the tolerance is decided whatever
+    its spread (a broken run's loss varies by more than the tolerance itself), so quality_noise pools only
+    those near it. None without such a configuration run on two seeds."""
     losses = [[p["quality_loss"] for p in g] for s, g in by_source(points).items() if s != "baseline"]
-    groups = [v for v in losses if len(v) > 1]
+    groups = [v for v in losses if len(v) > 1 and abs(sum(v) / len(v)) <= near]
     dof = sum(len(v) - 1 for v in groups)
     ss = sum((x - sum(v) / len(v)) ** 2 for v in groups for x in v)
     return math.sqrt(ss / dof) if dof else None
@@ -471,9 +477,9 @@ def refuse_noise(noise: dict, tol: float, out: Path) -> None:
 
 def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
     """How far the quality axis can be trusted: the evaluation's own noise (eval_noise) and the paired loss's
-    spread, whose standard error over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean
+    spread near the tolerance (paired_loss_sd over configurations within NEAR × tol), whose standard error over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean
     paired loss. The tolerance should be ≥ 2·se."""
-    sd = paired_loss_sd(points)
+    sd = paired_loss_sd(points, near=NEAR * tol)
     se = sd / math.sqrt(seeds) if sd is not None else None
     base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
     return {
@@ -481,6 +487,7 @@ def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float
         "eval_seeds": EVAL_SEEDS,
         "baseline_sd_across_training_seeds": statistics.stdev(base) if len(base) > 1 else None,
         "paired_loss_sd": sd,
+        "paired_loss_pooled_over": f"configurations whose mean |quality loss| <= {NEAR:g} × tolerance",
         "paired_loss_se": se,
         "tolerance_over_se": tol / se if se else None,
         "tolerance_at_least_2se": None if se is None else tol >= 2 * se,

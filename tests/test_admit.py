@@ -76,6 +76,8 @@ def test_paired_loss_sd_is_the_pooled_within_configuration_sd():
     pooled = (statistics.variance(losses["a"]) * 1 + statistics.variance(losses["b"]) * 3) / 4
     assert abs(paired_loss_sd(points) - pooled**0.5) < 1e-12
     assert paired_loss_sd([{"source": "c", "quality_loss": 0.5}]) is None
+    near = abs(sum(losses["a"]) / 2) + 0.1  # "b", mean near 3, is far beyond: left out
+    assert abs(paired_loss_sd(points, near=near) - statistics.stdev(losses["a"])) < 1e-12
 
 
 def calibration_like(losses_by_seed: list[list[float]]) -> list[dict]:
