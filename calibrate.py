@@ -289,15 +289,7 @@ def calibrate(
     """The budget of `pair` for the OPD loss `loss` ({"loss": estimator, "tis_cap": C}; None: analytic)."""
     loss = loss or {"loss": "analytic", "tis_cap": 0.0}
     points = calibration_points(
-        pair,
-        out,
-        noise_grid,
-        real=real,
-        steps=steps,
-        seeds=seeds,
-        device=device,
-        n_probes=n_probes,
-        loss=loss,
+        pair, out, noise_grid, real, steps=steps, seeds=seeds, device=device, n_probes=n_probes, loss=loss
     )
     tol, base = paired_quality_losses(points, tolerance)
     fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
@@ -468,17 +460,18 @@ def refuse_noise(noise: dict, tol: float, out: Path) -> None:
     no budget is written (the runs stay in out/runs, reused by a longer or wider calibration)."""
     if noise["tolerance_at_least_2se"] is False:
         raise BadInput(
-            f"the tolerance, {tol:.4f} nats, is {noise['tolerance_over_se']:.2f} standard errors of the paired "
-            f"quality loss (SE {noise['paired_loss_se']:.4f} over seeds; at least 2 needed): at these settings "
-            f"the quality axis is noise; use more --seeds or change the study's settings; no budget written "
-            f"(the runs stay in {out / 'runs'})"
+            f"the tolerance, {tol:.4f} nats, is {noise['tolerance_over_se']:.2f} standard errors of the "
+            f"paired quality loss (SE {noise['paired_loss_se']:.4f} over seeds; at least 2 needed): at these "
+            f"settings the quality axis is noise; use more --seeds or change the study's settings; no budget "
+            f"written (the runs stay in {out / 'runs'})"
         )
 
 
 def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
     """How far the quality axis can be trusted: the evaluation's own noise (eval_noise) and the paired loss's
-    spread near the tolerance (paired_loss_sd over configurations within NEAR × tol), whose standard error over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean
-    paired loss. The tolerance should be ≥ 2·se."""
+    spread near the tolerance (paired_loss_sd over configurations within NEAR × tol), whose standard error
+    over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean paired loss. The tolerance
+    should be ≥ 2·se (refuse_noise)."""
     sd = paired_loss_sd(points, near=NEAR * tol)
     se = sd / math.sqrt(seeds) if sd is not None else None
     base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
