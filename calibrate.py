@@ -289,7 +289,8 @@ def calibrate(
     """The budget of `pair` for the OPD loss `loss` ({"loss": estimator, "tis_cap": C}; None: analytic)."""
     loss = loss or {"loss": "analytic", "tis_cap": 0.0}
     points = calibration_points(
-        pair, out, noise_grid, real, steps=steps, seeds=seeds, device=device, n_probes=n_probes, loss=loss
+        pair, out, noise_grid, real=real, steps=steps, seeds=seeds, device=device, n_probes=n_probes,
+        loss=loss,
     )
     tol, base = paired_quality_losses(points, tolerance)
     fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
