@@ -322,8 +322,10 @@ def calibrate(
         ),
         "points": points,
     }
-    refuse_noise(budget["noise"], tol, out)
     out.mkdir(parents=True, exist_ok=True)
+    if budget["noise"]["tolerance_at_least_2se"] is False:  # kept, so the refusal can be read and cited
+        atomic_write_text(out / "refused.json", json.dumps(budget, indent=2) + "\n")
+    refuse_noise(budget["noise"], tol, out)
     atomic_write_text(out / "budget.json", json.dumps(budget, indent=2) + "\n")
     plot_budget(budget, out / "budget.png")
     return budget
@@ -458,13 +460,14 @@ def paired_loss_sd(points: list[dict], near: float = math.inf) -> float | None:
 
 def refuse_noise(noise: dict, tol: float, out: Path) -> None:
     """A tolerance under 2 standard errors of the paired quality loss cannot tell a loss from seed noise:
-    no budget is written (the runs stay in out/runs, reused by a longer or wider calibration)."""
+    no budget is written (calibrate keeps what it would have been in out/refused.json, and the runs stay in
+    out/runs, reused by a calibration with more seeds)."""
     if noise["tolerance_at_least_2se"] is False:
         raise BadInput(
             f"the tolerance, {tol:.4f} nats, is {noise['tolerance_over_se']:.2f} standard errors of the "
             f"paired quality loss (SE {noise['paired_loss_se']:.4f} over seeds; at least 2 needed): at these "
             f"settings the quality axis is noise; use more --seeds or change the study's settings; no budget "
-            f"written (the runs stay in {out / 'runs'})"
+            f"written (its points: {out / 'refused.json'}; the runs stay in {out / 'runs'})"
         )
 
 
