@@ -14,6 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from budget import loss_label, read_budget
+from calibrate import budget_ci
 from runfiles import atomic_savefig
 
 BUDGETS = Path("budgets")
@@ -38,10 +39,11 @@ def budget_text(b: dict) -> str:
 
 
 def interval_text(b: dict) -> str:
-    """The recorded 95% seed-bootstrap interval, "—" where none was recorded (one seed, or not a crossing)."""
-    ci = b.get("budget_ci")
-    if not ci or b["how"] != "crossing":
+    """The 95% seed-bootstrap interval, as recorded or refitted from the recorded points (calibrate.budget_ci
+    is a pure function of them); "—" with one seed or without a crossing."""
+    if b["how"] != "crossing" or b.get("seeds", 2) < 2:
         return "—"
+    ci = b.get("budget_ci") or budget_ci(b["points"], b["tolerance"]["fraction"])
     lo, hi = (f"{v:.3g}" if v is not None else "beyond the grid" for v in (ci["lo"], ci["hi"]))
     return f"[{lo}, {hi}]"
 
@@ -68,16 +70,17 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
     its budget; the tolerance is one horizontal line when all budgets share a tolerance fraction."""
     fig = Figure(figsize=(8.5, 4.2))
     ax = fig.subplots()
-    smallest = min((x for _, b in budgets for x in b["fit"]["mismatch"] if x > 0), default=1e-6)
-    floor = smallest / 3  # where the baseline (mismatch 0) is drawn on the log axis
+    # the baseline's probe mismatch is 0 up to float rounding (1e-13 to 1e-10): drawn at the left edge
+    smallest = min((x for _, b in budgets for x in b["fit"]["mismatch"] if x > 1e-9), default=1e-6)
+    floor = smallest / 3
     for i, (_, b) in enumerate(budgets):
         color, label = f"C{i}", loss_label(b["loss"], b["tis_cap"])
         improvement = b["baseline"]["improvement"]
-        xs = [max(x, floor) for x in b["fit"]["mismatch"]]
+        xs = [x if x > 1e-9 else floor for x in b["fit"]["mismatch"]]
         ys = [q / improvement for q in b["fit"]["quality_loss"]]
         ax.step(xs, ys, where="post", color=color, label=f"{label}: budget {budget_text(b)}")
         ax.scatter(
-            [max(p["mismatch"], floor) for p in b["points"]],
+            [p["mismatch"] if p["mismatch"] > 1e-9 else floor for p in b["points"]],
             [p["quality_loss"] / improvement for p in b["points"]],
             color=color,
             s=10,
@@ -88,7 +91,7 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
     fractions = {b["tolerance"]["fraction"] for _, b in budgets}
     for f in fractions:
         ax.axhline(f, color="k", ls=":", lw=1, label=f"tolerance ({f:.0%} of each loss's improvement)")
-    ax.set_yscale("symlog", linthresh=0.05)  # linear around the tolerance, logarithmic where losses break
+    ax.set_yscale("symlog", linthresh=0.02)  # linear around the tolerance, logarithmic where losses break
     ax.set(
         xscale="log",
         xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token (baseline at the left edge)",
