@@ -189,7 +189,7 @@ def run_point(records: list[dict]) -> dict:
 # only begun (held-out reverse KL 3.03 -> 2.80, greedy accuracy flat) but a paired quality loss is resolved
 # to a few thousandths of a nat. At 400 steps of the demo's lr the baseline learns (accuracy 0.75-0.77),
 # yet two runs that differ by σ = 0.003 of weight noise already end 0.1-0.2 nats apart, so a 5% tolerance
-# sits near one standard error over 2 seeds (RESULTS.md, "Study settings").
+# sits near one standard error over 2 seeds (RESULTS.md, "Budgets per loss").
 STUDY_TRAIN = {
     "tiny": {"steps": 60, "batch_size": 64, "samples_per_prompt": 4, "lr": 3e-4, "warmup": 10,
              "schedule": "constant"},
