@@ -397,7 +397,8 @@ def _fits(value, hint) -> bool:
 
 def typed(obj, cls, where: str):
     """A dataclass `cls` from a JSON object, every field of its declared type (nested dataclasses too); a
-    missing field takes its default, an unknown key is ignored, a wrong type is one BadInput line."""
+    missing field takes its default, an unknown key is ignored, a wrong type is one BadInput line. Floats
+    are finite, except +inf in a field whose metadata says {"inf": True}."""
     if not isinstance(obj, dict):
         raise BadInput(f"{where}: expected an object, got {type(obj).__name__}")
     hints, values = typing.get_type_hints(cls), {}
@@ -407,7 +408,7 @@ def typed(obj, cls, where: str):
         value, hint = obj[f.name], hints[f.name]
         if dataclasses.is_dataclass(hint):
             values[f.name] = typed(value, hint, where=f"{where}: {f.name}")
-        elif _fits(value, hint):
+        elif _fits(value, hint) or (f.metadata.get("inf") and value == math.inf):  # e.g. an uncapped ratio
             values[f.name] = value
         else:
             shown = getattr(hint, "__name__", str(hint))

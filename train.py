@@ -70,7 +70,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (sampled-token gradient) | grpo (RL)
-    tis_cap: float = 0.0  # importance-weight cap C in min(π_train/π_engine, C); 0 = off; inf = uncapped
+    tis_cap: float = field(default=0.0, metadata={"inf": True})  # C in min(π_train/π_engine, C); 0 off; inf
     async_rollout: bool = False  # one-step-off: sample step s+1's batch in a background thread during step s
     kl_chunk: int = 256  # response tokens per chunk when computing full-vocabulary KL (bounds memory)
     eval_every: int = 5  # evaluate every N steps (and after the last); 0 = only at the start and end

@@ -74,6 +74,22 @@ def test_resume_repeats_an_uninterrupted_run(tmp_path):
     )
 
 
+def test_a_run_with_the_uncapped_ratio_resumes(tmp_path):
+    """tinker's loss (--tis-cap inf) writes an infinite cap into config.json; --resume reads it back, while an
+    infinite value in a field that takes only finite numbers is still refused."""
+    from runfiles import typed
+    from train import TrainConfig
+
+    first = cli(*TINY, "--steps", "1", "--loss", "sampler", "--tis-cap", "inf", "--name", "is", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = cli("--name", "is", "--resume", "--steps", "2", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in metrics(tmp_path / "runs" / "is")][-1] == 2
+    assert typed({"loss": "sampler", "tis_cap": float("inf")}, TrainConfig, where="x").tis_cap == float("inf")
+    with pytest.raises(Exception, match="lr is 'inf'; expected float"):
+        typed({"lr": float("inf")}, TrainConfig, where="x")
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
