@@ -323,12 +323,15 @@ def calibrate(
         "points": points,
     }
     out.mkdir(parents=True, exist_ok=True)
-    if budget["noise"]["tolerance_at_least_2se"] is False:  # kept, so the refusal can be read and cited
-        atomic_write_text(out / "refused.json", json.dumps(budget, indent=2) + "\n")
-    refuse_noise(budget["noise"], tol, out)
+    refuse_noise(budget, out)
     atomic_write_text(out / "budget.json", json.dumps(budget, indent=2) + "\n")
     plot_budget(budget, out / "budget.png")
     return budget
+
+
+def run_name(source: str, seed: int) -> str:
+    """A calibration run's folder under out/runs: "noise 0.1", seed 1 -> "noise_0.1-seed1"."""
+    return f"{source.replace(' ', '_')}-seed{seed}"
 
 
 def calibration_points(
@@ -350,7 +353,7 @@ def calibration_points(
     loaded = load_pair(pair, device=device)  # for the probe measurements
     points = []
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
-        name = f"{label.replace(' ', '_')}-seed{seed}"
+        name = run_name(label, seed)
         run = short_run(
             out / "runs",
             pair,
@@ -458,11 +461,13 @@ def paired_loss_sd(points: list[dict], near: float = math.inf) -> float | None:
     return math.sqrt(ss / dof) if dof else None
 
 
-def refuse_noise(noise: dict, tol: float, out: Path) -> None:
-    """A tolerance under 2 standard errors of the paired quality loss cannot tell a loss from seed noise:
-    no budget is written (calibrate keeps what it would have been in out/refused.json, and the runs stay in
-    out/runs, reused by a calibration with more seeds)."""
+def refuse_noise(budget: dict, out: Path) -> None:
+    """A tolerance under 2 standard errors of the paired quality loss cannot tell a loss from seed noise: no
+    budget is written. What it would have been is kept in out/refused.json, so the refusal can be read and
+    cited, and the runs stay in out/runs, reused by a calibration with more seeds."""
+    noise, tol = budget["noise"], budget["tolerance"]["nats"]
     if noise["tolerance_at_least_2se"] is False:
+        atomic_write_text(out / "refused.json", json.dumps(budget, indent=2) + "\n")
         raise BadInput(
             f"the tolerance, {tol:.4f} nats, is {noise['tolerance_over_se']:.2f} standard errors of the "
             f"paired quality loss (SE {noise['paired_loss_se']:.4f} over seeds; at least 2 needed): at these "

@@ -20,7 +20,9 @@ import statistics
 from pathlib import Path
 
 from budget import loss_label, read_budget
+from calibrate import run_name
 from cli import BadInput, atomic_write_text
+from runfiles import read_metrics
 from study.common import RESULTS
 
 WINDOWS = ("first", "middle", "last")
@@ -39,7 +41,7 @@ def windows(n_steps: int) -> dict[str, range]:
 
 def window_means(metrics_path: Path) -> dict[str, float]:
     """Mean training mismatch_kl of each window of one finished run (its metrics.jsonl)."""
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    records = read_metrics(metrics_path, upto=10**9)  # a torn last line from a killed run is dropped
     by_step = {r["step"]: r["mismatch_kl"] for r in records if "mismatch_kl" in r}
     if not by_step:
         raise BadInput(f"{metrics_path}: no step logged mismatch_kl (not a finished training run)")
@@ -64,7 +66,7 @@ def drift(budget_path: Path) -> dict:
     for p in budget["points"]:
         if p["source"] == "baseline":
             continue
-        metrics = runs / f"{p['source'].replace(' ', '_')}-seed{p['seed']}" / "metrics.jsonl"
+        metrics = runs / run_name(p["source"], p["seed"]) / "metrics.jsonl"
         if not metrics.is_file():
             raise BadInput(
                 f"{metrics}: missing; rerun `{budget.get('command', 'python calibrate.py')}` first"

@@ -38,13 +38,22 @@ def budget_text(b: dict) -> str:
     return f"{b['budget']:.3g}"
 
 
-def interval_text(b: dict) -> str:
-    """The 95% seed-bootstrap interval, as recorded or refitted from the recorded points (calibrate.budget_ci
-    is a pure function of them); "—" with one seed or without a crossing."""
+def budget_interval(b: dict) -> tuple[dict | None, bool]:
+    """(the 95% seed-bootstrap interval, whether it was refitted): as recorded, or refitted from the recorded
+    points (calibrate.budget_ci is a pure function of them); (None, False) with one seed or without a
+    crossing."""
     if b["how"] != "crossing" or b.get("seeds", 2) < 2:
+        return None, False
+    recorded = b.get("budget_ci")
+    return recorded or budget_ci(b["points"], b["tolerance"]["fraction"]), not recorded
+
+
+def interval_text(b: dict, beyond: str = "beyond the grid") -> str:
+    """The interval as "[lo, hi]" (`beyond` for an end past the largest mismatch tried); "—" without one."""
+    ci, _ = budget_interval(b)
+    if ci is None:
         return "—"
-    ci = b.get("budget_ci") or budget_ci(b["points"], b["tolerance"]["fraction"])
-    lo, hi = (f"{v:.3g}" if v is not None else "beyond the grid" for v in (ci["lo"], ci["hi"]))
+    lo, hi = (f"{v:.3g}" if v is not None else beyond for v in (ci["lo"], ci["hi"]))
     return f"[{lo}, {hi}]"
 
 

@@ -6,13 +6,12 @@ python -m study report
 import json
 from pathlib import Path
 
-from calibrate import budget_ci
 from budget import loss_label
 from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
 from study.drift import drift_table
-from study.losses import budget_text, losses_table, pair_budgets, plot_losses
+from study.losses import budget_interval, budget_text, interval_text, losses_table, pair_budgets, plot_losses
 from study.opd_vs_rl import rl_table
 from study.prefix import prefix_table
 from study.time_to_quality import async_table
@@ -37,18 +36,15 @@ def noise_line(noise: dict | None) -> str:
 
 
 def ci_line(budget: dict) -> str:
-    """The budget's 95% seed-bootstrap interval: as recorded, or refitted from the recorded points when the
-    budget.json predates it (calibrate.budget_ci is a pure function of them); "" with one seed."""
-    if budget["how"] != "crossing" or budget.get("seeds", 2) < 2:
+    """The budget's 95% seed-bootstrap interval as a sentence (study.losses.budget_interval); "" without
+    one."""
+    ci, refitted = budget_interval(budget)
+    if ci is None:
         return ""
-    recorded = budget.get("budget_ci")
-    ci = recorded or budget_ci(budget["points"], budget["tolerance"]["fraction"])
-    source = "" if recorded else " (refitted here from the recorded points: the budget.json predates it)"
-    lo, hi = (
-        f"{v:.3g}" if v is not None else "beyond the largest mismatch tried" for v in (ci["lo"], ci["hi"])
-    )
+    source = " (refitted here from the recorded points: the budget.json predates it)" if refitted else ""
     return (
-        f"95% interval over training seeds (bootstrap, {ci['draws']} draws): [{lo}, {hi}]; "
+        f"95% interval over training seeds (bootstrap, {ci['draws']} draws): "
+        f"{interval_text(budget, beyond='beyond the largest mismatch tried')}; "
         f"{ci['beyond_largest_mismatch']:.0%} of draws do not cross the tolerance{source}.\n"
     )
 

@@ -66,9 +66,9 @@ def noise_for(budget: dict, target: float) -> float:
     grid; rounded to two significant figures and moved off the grid (×1.1) so it is a configuration the
     calibration never ran."""
     by_sigma: dict[float, list[float]] = {}
-    for p in budget["points"]:
-        if p["source"].startswith("noise ") and p["mismatch"] > 0:
-            by_sigma.setdefault(float(p["source"].split()[1]), []).append(p["mismatch"])
+    for p in budget["points"]:  # a noise configuration's points carry its σ (calibrate.calibration_points)
+        if p.get("noise") and p["mismatch"] > 0:
+            by_sigma.setdefault(p["noise"], []).append(p["mismatch"])
     grid = sorted((s, sum(m) / len(m)) for s, m in by_sigma.items())
     if len(grid) < 2:
         raise BadInput("the budget has fewer than two noise points to place candidates near it")

@@ -111,16 +111,20 @@ def test_budget_ci_brackets_the_budget_and_collapses_without_seed_spread():
 
 
 def test_a_tolerance_under_two_standard_errors_writes_no_budget(tmp_path):
-    """Seed noise larger than half the tolerance: refused with one line naming both; enough seeds, or one
-    seed (no spread to judge by), pass."""
+    """Seed noise larger than half the tolerance: refused with one line naming both, the would-be budget kept
+    in refused.json; enough seeds, or one seed (no spread to judge by), pass."""
     from cli import BadInput
 
     noisy = {"tolerance_at_least_2se": False, "tolerance_over_se": 0.3, "paired_loss_se": 0.29}
+    budget = {"noise": noisy, "tolerance": {"nats": 0.087}}
     with pytest.raises(BadInput, match=r"0\.0870 nats, is 0\.30 standard errors .* no budget written"):
-        refuse_noise(noisy, 0.087, tmp_path)
-    refuse_noise({**noisy, "tolerance_at_least_2se": True, "tolerance_over_se": 4.7}, 0.087, tmp_path)
-    refuse_noise({**noisy, "tolerance_at_least_2se": None, "tolerance_over_se": None}, 0.087, tmp_path)
-    assert not (tmp_path / "budget.json").exists()
+        refuse_noise(budget, tmp_path)
+    assert json.loads((tmp_path / "refused.json").read_text()) == budget
+    (tmp_path / "refused.json").unlink()
+    for passed, over_se in ((True, 4.7), (None, None)):
+        noise = {**noisy, "tolerance_at_least_2se": passed, "tolerance_over_se": over_se}
+        refuse_noise({**budget, "noise": noise}, tmp_path)
+    assert not (tmp_path / "budget.json").exists() and not (tmp_path / "refused.json").exists()
 
 
 def test_check_never_admits_above_the_budget():

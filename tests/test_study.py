@@ -162,7 +162,9 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
     """Calibration points with mismatch = σ²: the noise for a target mismatch is its square root, moved off
     the calibration grid; a sampled-loss budget gets the real configurations and four near-budget noises."""
     points = [
-        {"source": f"noise {s:g}", "seed": seed, "mismatch": s * s} for s in (0.01, 0.1, 1.0) for seed in (0, 1)
+        {"source": f"noise {s:g}", "noise": s, "seed": seed, "mismatch": s * s}
+        for s in (0.01, 0.1, 1.0)
+        for seed in (0, 1)
     ]
     budget = {"loss": "sampled", "how": "crossing", "budget": 0.0025, "points": points}
     assert validate.noise_for(budget, 0.0025) == 0.05
