@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from test_rollout import tiny_prompts
+from test_rollout import hf_greedy, tiny_prompts
+from test_train import same_steps, stale_twin
 
 from cli import BadInput
 from loss import opd_loss
@@ -21,7 +21,8 @@ from quant import HAVE_TORCHAO, KVScales, fp8_dyn_available, fp8_kv_cache, quant
 from rollout import RolloutConfig, RolloutEngine, decode, encode_prompts, generate, positions, prefill
 from runfiles import load_checkpoint
 from tools import gpu_check
-from train import pair_config, run
+from calibrate import study_config
+from train import run
 
 from transformers import DynamicCache  # isort: skip
 
@@ -38,18 +39,6 @@ def gpu(test):
 @pytest.fixture(scope="module")
 def cuda_pair():
     return load_pair("tiny", device="cuda")
-
-
-def hf_greedy(model, tokenizer, prompts, max_new_tokens):
-    enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt").to(model.device)
-    out = model.generate(
-        **enc,
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return out[:, enc.input_ids.shape[1] :]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -138,16 +127,11 @@ def test_fp8_dyn_rounds_like_fp8_emu(cuda_pair):
 
 @gpu
 def test_twenty_step_tiny_run_lowers_held_out_kl_and_its_checkpoint_loads_on_cpu(tmp_path):
-    """20 steps at the study's tiny settings (admit.STUDY_TRAIN: 64 prompts × 4 samples, lr 3e-4 constant,
+    """20 steps at the study's tiny settings (calibrate.STUDY_TRAIN: 64 prompts × 4 samples, lr 3e-4 constant,
     warm-up 10) lower the held-out reverse KL on CUDA; the checkpoint the CUDA run writes loads on CPU."""
-    cfg = pair_config(
+    cfg = study_config(
         "tiny",
         steps=20,
-        batch_size=64,
-        samples_per_prompt=4,
-        lr=3e-4,
-        warmup=10,
-        schedule="constant",
         eval_every=20,
         eval_prompts=128,
         ckpt_every=0,
@@ -166,29 +150,10 @@ def test_twenty_step_tiny_run_lowers_held_out_kl_and_its_checkpoint_loads_on_cpu
 @gpu
 def test_async_equals_its_sync_twin_at_staleness_1_on_cuda(tmp_path):
     """tests/test_train.py's twin on CUDA, where the async worker samples on its own CUDA stream."""
-
-    def go(name, **over):
-        cfg = pair_config(
-            "tiny",
-            steps=4,
-            batch_size=4,
-            samples_per_prompt=2,
-            eval_every=0,
-            eval_prompts=8,
-            name=name,
-            out_dir=str(tmp_path),
-            device="cuda",
-            **over,
-        )
-        if name == "stale1":
-            cfg.rollout = replace(cfg.rollout, staleness=1)
-        return [r for r in run(cfg, quiet=True) if r["step"] > 0]
-
-    asyn, stale1 = go("async", async_rollout=True), go("stale1")
+    asyn = stale_twin(tmp_path, "async", steps=4, device="cuda", async_rollout=True)
+    stale1 = stale_twin(tmp_path, "stale1", steps=4, device="cuda")
     assert [r["engine_version"] for r in asyn] == [0, 0, 1, 2] == [r["engine_version"] for r in stale1]
-    for a, b in zip(asyn, stale1):
-        for key in ("loss", "rkl", "mismatch_kl", "tokens"):
-            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (a["step"], key, a[key], b[key])
+    same_steps(asyn, stale1)
 
 
 @gpu

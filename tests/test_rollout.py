@@ -18,7 +18,7 @@ def tiny_prompts(tokenizer, n=6, seed=3):
 
 
 def hf_greedy(model, tokenizer, prompts, max_new_tokens):
-    enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
+    enc = tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt").to(model.device)
     out = model.generate(
         **enc,
         do_sample=False,

@@ -143,35 +143,45 @@ def test_opd_minimal_runs():
     assert "step" in result.stdout and "reverse KL" in result.stdout
 
 
-def test_async_batches_are_exactly_one_version_stale(tmp_path):
-    """Async mode serves version max(s − 2, 0) at step s (sync: s − 1), and its batches and losses are the
-    ones sync mode with staleness 1 draws: the same weights, prompts and sampling seeds."""
+def stale_twin(tmp_path: Path, name: str, steps: int, **over) -> list[dict]:
+    """A short tiny run's step records (step 0 left out); the run named "stale1" samples from an engine one
+    version behind (sync, staleness 1): the async runs' twin."""
     from dataclasses import replace
 
     from train import pair_config, run
 
-    def go(name, **over):
-        cfg = pair_config(
-            "tiny",
-            steps=5,
-            batch_size=4,
-            samples_per_prompt=2,
-            eval_every=0,
-            eval_prompts=8,
-            name=name,
-            out_dir=str(tmp_path),
-            **over,
-        )
-        if name == "stale1":
-            cfg.rollout = replace(cfg.rollout, staleness=1)
-        return [r for r in run(cfg, quiet=True) if r["step"] > 0]
+    cfg = pair_config(
+        "tiny",
+        steps=steps,
+        batch_size=4,
+        samples_per_prompt=2,
+        eval_every=0,
+        eval_prompts=8,
+        name=name,
+        out_dir=str(tmp_path),
+        **over,
+    )
+    if name == "stale1":
+        cfg.rollout = replace(cfg.rollout, staleness=1)
+    return [r for r in run(cfg, quiet=True) if r["step"] > 0]
 
-    sync, asyn, stale1 = go("sync"), go("async", async_rollout=True), go("stale1")
-    assert [r["engine_version"] for r in sync] == [0, 1, 2, 3, 4]
-    assert [r["engine_version"] for r in asyn] == [max(s - 2, 0) for s in range(1, 6)] == [0, 0, 1, 2, 3]
-    for a, b in zip(asyn, stale1):
+
+def same_steps(a_steps: list[dict], b_steps: list[dict]) -> None:
+    """Two runs' steps drew the same batches and losses: loss, rkl, mismatch_kl and tokens within 1e-5."""
+    for a, b in zip(a_steps, b_steps):
         for key in ("loss", "rkl", "mismatch_kl", "tokens"):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(b[key])), (a["step"], key, a[key], b[key])
+
+
+def test_async_batches_are_exactly_one_version_stale(tmp_path):
+    """Async mode serves version max(s − 2, 0) at step s (sync: s − 1), and its batches and losses are the
+    ones sync mode with staleness 1 draws: the same weights, prompts and sampling seeds."""
+    sync = stale_twin(tmp_path, "sync", steps=5)
+    asyn = stale_twin(tmp_path, "async", steps=5, async_rollout=True)
+    stale1 = stale_twin(tmp_path, "stale1", steps=5)
+    assert [r["engine_version"] for r in sync] == [0, 1, 2, 3, 4]
+    assert [r["engine_version"] for r in asyn] == [max(s - 2, 0) for s in range(1, 6)] == [0, 0, 1, 2, 3]
+    same_steps(asyn, stale1)
     assert asyn[-1]["mismatch_kl"] > 0  # the trainer really is a version ahead of the batch
 
 
