@@ -40,6 +40,7 @@ from quant import FP8_WEIGHTS, AmaxRecorder, KVScales, fp8_kv_cache, quantize_we
 
 from transformers import DynamicCache  # isort: skip
 from transformers.cache_utils import Cache  # isort: skip
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # isort: skip
 
 WEIGHTS = ("fp32", "bf16", "fp8", "fp8-dyn", "fp8-emu")  # engine weight precision (quant.py has the FP8 ones)
 KV_CACHES = ("model", "fp8")  # model = keys/values in the engine's compute dtype; fp8 = quant.Fp8KVLayer
@@ -161,12 +162,16 @@ def nucleus(logp_B_V: torch.Tensor, top_p: float, k: int = 1024) -> tuple[torch.
     """top_p_filter's nucleus, found among the k most likely tokens (topk, not a sort of the vocabulary).
 
     Returns the candidates' ids [B, K] and their log-probs renormalised over the nucleus (−inf outside it).
-    When the k most likely tokens of some row hold less than top_p, K grows to the whole vocabulary.
+    When the K most likely tokens of some row hold less than top_p, K grows eightfold, up to the whole
+    vocabulary (a flat policy at temperature 1: smollm2's top 1024 tokens often hold under 95%, its top 8192
+    over 99%; a topk of 8192 costs a fifth of a full sort).
     """
-    k = min(k, logp_B_V.shape[-1])
+    V = logp_B_V.shape[-1]
+    k = min(k, V)
     sorted_B_K, ids_B_K = logp_B_V.topk(k, -1)  # sorted, most likely first
-    if k < logp_B_V.shape[-1] and (sorted_B_K.exp().sum(-1) < top_p).any():
-        sorted_B_K, ids_B_K = logp_B_V.sort(-1, descending=True)
+    while k < V and (sorted_B_K.exp().sum(-1) < top_p).any():
+        k = min(8 * k, V)
+        sorted_B_K, ids_B_K = logp_B_V.topk(k, -1) if k < V else logp_B_V.sort(-1, descending=True)
     mass_before_B_K = sorted_B_K.exp().cumsum(-1) - sorted_B_K.exp()  # mass of strictly more likely tokens
     kept_B_K = sorted_B_K.masked_fill(mass_before_B_K >= top_p, float("-inf"))
     return ids_B_K, kept_B_K - kept_B_K.logsumexp(-1, keepdim=True)
@@ -268,7 +273,11 @@ def prefill(model, ids_B_P, attn_B_P, cache) -> torch.Tensor:
 
 
 def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
-    """Feed one new token per row (its mask bit is already in attn_B_T); return next-token logits [B, V]."""
+    """Feed one new token per row (its mask bit is already in attn_B_T); return next-token logits [B, V].
+    Llama models with SDPA attention take `llama_decode` (the same modules, weights and result, without the
+    HF forward's per-call machinery); other architectures the HF forward."""
+    if model.config.model_type == "llama" and model.config._attn_implementation == "sdpa":
+        return llama_decode(model, token_B, attn_B_T, cache)
     pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
     out = model(
         input_ids=token_B[:, None],
@@ -279,6 +288,52 @@ def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
         logits_to_keep=1,
     )
     return out.logits[:, -1]
+
+
+def _one_query_attention(attn, q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D, mask_B_1_1_T) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask)·v for one query token, [B, 1, Hq·D], as HF's sdpa attention computes it:
+    without a mask SDPA's own grouped-query mode; with one, the query heads that share a key/value head laid
+    out as that head's queries (no repeated keys)."""
+    B, D = q_B_Hq_1_D.shape[0], attn.head_dim
+    if mask_B_1_1_T is None:
+        o_B_Hq_1_D = F.scaled_dot_product_attention(
+            q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D, scale=attn.scaling, enable_gqa=attn.num_key_value_groups > 1
+        )
+        return o_B_Hq_1_D.transpose(1, 2).reshape(B, 1, -1)
+    o_B_Hk_G_D = F.scaled_dot_product_attention(
+        q_B_Hq_1_D.reshape(B, -1, attn.num_key_value_groups, D), k_B_Hk_T_D, v_B_Hk_T_D,
+        attn_mask=mask_B_1_1_T, scale=attn.scaling,
+    )
+    return o_B_Hk_G_D.reshape(B, 1, -1)
+
+
+def llama_decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
+    """One decode step of a Llama model through its own submodules (embedding, rotary, norms, projections,
+    MLP, head) and the transformers Cache, computing what LlamaModel.forward computes for one new token:
+        h = embed(y);  per layer:  h += o_proj(attn(rope(q), rope(k), v; mask));  h += mlp(norm(h));
+        logits = head(norm(h)).
+    What it leaves out is per-call machinery that one query token does not need: building a 4-D causal mask
+    (one query attends to every cached position that is not padding), kwarg plumbing, output capture. Its
+    logits equal the HF forward's bit for bit (tests/test_rollout.py): a seeded run samples the same tokens.
+    """
+    inner = model.model
+    B = attn_B_T.shape[0]
+    pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
+    h_B_1_H = inner.embed_tokens(token_B[:, None])
+    cos_sin = inner.rotary_emb(h_B_1_H, pos_B_1)
+    mask_B_1_1_T = None if bool(attn_B_T.all()) else attn_B_T.bool()[:, None, None, :]
+    for layer in inner.layers[: model.config.num_hidden_layers]:
+        attn = layer.self_attn
+        x_B_1_H = layer.input_layernorm(h_B_1_H)
+        q_B_Hq_1_D = attn.q_proj(x_B_1_H).view(B, 1, -1, attn.head_dim).transpose(1, 2)
+        k_B_Hk_1_D = attn.k_proj(x_B_1_H).view(B, 1, -1, attn.head_dim).transpose(1, 2)
+        v_B_Hk_1_D = attn.v_proj(x_B_1_H).view(B, 1, -1, attn.head_dim).transpose(1, 2)
+        q_B_Hq_1_D, k_B_Hk_1_D = apply_rotary_pos_emb(q_B_Hq_1_D, k_B_Hk_1_D, *cos_sin)
+        k_B_Hk_T_D, v_B_Hk_T_D = cache.update(k_B_Hk_1_D, v_B_Hk_1_D, attn.layer_idx)
+        o_B_1_HD = _one_query_attention(attn, q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D, mask_B_1_1_T)
+        h_B_1_H = h_B_1_H + attn.o_proj(o_B_1_HD)
+        h_B_1_H = h_B_1_H + layer.mlp(layer.post_attention_layernorm(h_B_1_H))
+    return head(model, inner.norm(h_B_1_H)[:, -1])
 
 
 def encode_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:

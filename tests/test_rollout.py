@@ -171,16 +171,62 @@ def test_bad_config_is_refused():
         RolloutConfig(weights="int3")
 
 
-@pytest.mark.parametrize("top_p", [0.5, 0.95, 0.999999])
-def test_nucleus_equals_the_full_sort_filter(top_p):
-    """The fast nucleus (topk of 1024, widened to a full sort when that holds too little mass) keeps exactly
-    the tokens top_p_filter keeps, with the same renormalised log-probs."""
+@pytest.mark.parametrize(
+    "top_p, V, scales",
+    [
+        (0.5, 5000, [0.1, 1.0, 3.0, 8.0]),  # topk 1024 holds too little for the flat row: a full sort
+        (0.95, 5000, [0.1, 1.0, 3.0, 8.0]),
+        (0.999999, 5000, [0.1, 1.0, 3.0, 8.0]),
+        (0.95, 20000, [3.0, 8.0]),  # topk 1024 holds too little, topk 8192 enough: the middle step
+        (0.95, 20000, [8.0, 8.0]),  # topk 1024 is enough
+    ],
+)
+def test_nucleus_equals_the_full_sort_filter(top_p, V, scales):
+    """The fast nucleus (topk of 1024, widened eightfold, then to a full sort, while that holds too little
+    mass) keeps exactly the tokens top_p_filter keeps, with the same renormalised log-probs."""
     from rollout import nucleus
 
-    logp_B_V = torch.log_softmax(torch.randn(4, 5000) * torch.tensor([[0.1], [1.0], [3.0], [8.0]]), -1)
+    torch.manual_seed(0)
+    logp_B_V = torch.log_softmax(torch.randn(len(scales), V) * torch.tensor(scales)[:, None], -1)
     ids_B_K, logq_B_K = nucleus(logp_B_V, top_p)
     scattered = torch.full_like(logp_B_V, float("-inf")).scatter(-1, ids_B_K, logq_B_K)
     expected = top_p_filter(logp_B_V, top_p)
     assert torch.equal(torch.isfinite(scattered), torch.isfinite(expected))
     finite = torch.isfinite(expected)
     assert_close(scattered[finite], expected[finite], atol=1e-5, what=f"nucleus vs sort, top_p {top_p}")
+
+
+@pytest.mark.parametrize(
+    "kv_heads, rows, kv", [(4, 3, "model"), (2, 3, "model"), (2, 1, "model"), (2, 3, "fp8")]
+)
+def test_llama_decode_equals_the_hf_forward_bit_for_bit(tokenizer, kv_heads, rows, kv):
+    """The Llama decode step (`rollout.llama_decode`) against the HF forward it replaces, step after step on
+    two caches filled by the same prefill: equal logits, with and without left padding (rows 3 / 1), with
+    grouped-query attention (2 key/value heads for 4 query heads) and through the FP8 KV cache."""
+    from transformers import DynamicCache, LlamaForCausalLM
+
+    from models import cache_arg, tiny_config
+    from quant import KVScales, fp8_kv_cache
+    from rollout import encode_prompts, llama_decode, prefill, small_batch_linears
+
+    config = tiny_config("student")
+    config.num_key_value_heads = kv_heads
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    ids_B_P, attn_B_T = encode_prompts(tokenizer, tiny_prompts(tokenizer, n=rows), "cpu")
+    assert (rows > 1) == bool((attn_B_T == 0).any()), "rows > 1 are left-padded, one row is not"
+    hf_cache, ours_cache = (
+        DynamicCache(config=config) if kv == "model" else fp8_kv_cache(KVScales.unit(config)) for _ in "ab"
+    )
+    with torch.no_grad(), small_batch_linears(model):
+        logits_B_V = prefill(model, ids_B_P, attn_B_T, hf_cache)
+        prefill(model, ids_B_P, attn_B_T, ours_cache)
+        for _ in range(5):
+            token_B = torch.multinomial(logits_B_V.softmax(-1), 1).squeeze(-1)
+            attn_B_T = torch.cat([attn_B_T, torch.ones_like(attn_B_T[:, :1])], 1)
+            hf_B_V = model(input_ids=token_B[:, None], attention_mask=attn_B_T,
+                           position_ids=attn_B_T.sum(-1, keepdim=True) - 1, **cache_arg(model, hf_cache),
+                           use_cache=True, logits_to_keep=1).logits[:, -1]
+            ours_B_V = llama_decode(model, token_B, attn_B_T, ours_cache)
+            assert torch.equal(ours_B_V, hf_B_V), (ours_B_V - hf_B_V).abs().max()
+            logits_B_V = hf_B_V

@@ -3,8 +3,11 @@ medians, and the ratio).
 
 default         ours vs Hugging Face `generate`: same model (a pair's student, fp32), prompts, batch, length
                 (EOS ignored, so every row makes exactly --new-tokens tokens) and sampling (temperature,
-                top-p, no top-k). Also the decode step's milliseconds against the weight-read floor (the time
-                to read every weight once: decode at batch 4 is bound by it).
+                top-p, no top-k). Also one decode step (prefill excluded: the time of N tokens minus that
+                of 1, over N − 1) against two floors of this machine: reading every weight once (a sum over
+                each parameter; batch-4 decode is bound by memory) and the projections alone (every weight
+                matrix times the batch, as the sampler multiplies it: what torch's fp32 GEMM reaches).
+--profile       also the top operators of our sampler's decode steps (torch.profiler, self CPU time).
 --kv-cache fp8  ours with the FP8 KV cache (unit scales) vs ours with the model's default cache: what FP8 KV
                 costs in decode time on this machine (a GPU would gain: half the bytes to read).
 
@@ -13,17 +16,20 @@ This is a benchmark, not a test: the ratio depends on the machine and on what el
     python -m tools.bench_sampler                                  # smollm2 student, batch 4, 64 new tokens
     python -m tools.bench_sampler --pair tiny --batch 64 --new-tokens 6
     python -m tools.bench_sampler --kv-cache fp8 --new-tokens 256
+    python -m tools.bench_sampler --batch 16 --profile
 """
 
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from cli import BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
 from models import PAIRS, format_prompt, load_pair
 from quant import KVScales, fp8_kv_cache
-from rollout import RolloutConfig, encode_prompts, generate
+from rollout import RolloutConfig, _small_batch_linear, encode_prompts, generate
+from tools.machine import cpu_facts
 
 from transformers import GenerationConfig  # isort: skip
 
@@ -34,20 +40,36 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def side_by_side(a, b, repeats: int) -> tuple[float, float]:
-    """Medians of a and b over `repeats` alternating runs, after one warm-up run of each."""
-    a(), b()
-    times_a, times_b = [], []
+def side_by_side(*fns, repeats: int) -> list[float]:
+    """Median seconds of each function over `repeats` interleaved rounds, after one warm-up run of each."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        times_a.append(timed(a))
-        times_b.append(timed(b))
-    return statistics.median(times_a), statistics.median(times_b)
+        for fn, t in zip(fns, times):
+            t.append(timed(fn))
+    return [statistics.median(t) for t in times]
 
 
+@torch.no_grad()
 def weight_read_ms(model) -> float:
-    """Milliseconds to read every weight once (a sum over each parameter): the decode step's floor."""
+    """Milliseconds to read every weight once (a sum over each parameter): the decode step's memory floor."""
     params = list(model.parameters())
-    return 1000 * side_by_side(lambda: [p.sum() for p in params], lambda: None, 5)[0]
+    return 1000 * side_by_side(lambda: [p.sum() for p in params], repeats=5)[0]
+
+
+@torch.no_grad()
+def projection_ms(model, batch: int) -> float:
+    """Milliseconds for every weight matrix of the model (each nn.Linear, the output head included) times
+    `batch` rows, as the sampler multiplies them (rollout._small_batch_linear): the decode step's GEMM floor
+    on this machine, everything but the matrix products left out."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    rows = [torch.randn(batch, m.in_features) for m in linears]
+
+    def products():
+        return [_small_batch_linear(m, x) for m, x in zip(linears, rows)]
+
+    return 1000 * side_by_side(products, repeats=5)[0]
 
 
 def build_parser() -> Parser:
@@ -64,6 +86,7 @@ def build_parser() -> Parser:
     p.add_argument(
         "--repeats", type=positive_int, default=3, help="timed runs of each (default: %(default)s)"
     )
+    p.add_argument("--profile", action="store_true", help="also print our decode step's top operators")
     p.add_argument(
         "--kv-cache",
         default="model",
@@ -95,17 +118,37 @@ def hf_generate(model, tok, prompts: list[str], args):
     return hf
 
 
-def report(args, model, t_ours: float, t_hf: float) -> None:
+def report(args, model, t_ours: float, t_hf: float, t_one: float) -> None:
     tokens = args.batch * args.new_tokens
     print(
         f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, temperature "
-        f"{args.temperature}, top-p {args.top_p}, {torch.get_num_threads()} threads"
+        f"{args.temperature}, top-p {args.top_p}, {torch.get_num_threads()} threads; {cpu_facts()}"
     )
     print(f"{'sampler':<14}{'median s':>10}{'tokens/s':>10}{'ms/step':>10}")
     for name, t in (("ours", t_ours), ("HF generate", t_hf)):
         print(f"{name:<14}{t:>10.2f}{tokens / t:>10.1f}{1000 * t / args.new_tokens:>10.1f}")
-    print(f"weight-read floor: {weight_read_ms(model):.1f} ms per step (every weight read once)")
+    step = 1000 * (t_ours - t_one) / max(args.new_tokens - 1, 1)
+    read, gemm = weight_read_ms(model), projection_ms(model, args.batch)
+    print(f"ours, one decode step (prefill excluded): {step:.1f} ms")
+    print(f"floors: weight read {read:.1f} ms (every weight once); projections {gemm:.1f} ms (every weight "
+          f"matrix times {args.batch} rows)")
+    print(f"ours / weight-read floor: {step / read:.2f}x; ours / projection floor: {step / gemm:.2f}x")
     print(f"ratio ours / HF generate: {t_hf / t_ours:.2f}x")
+
+
+def profile(run, steps: int) -> None:
+    """Our sampler's top operators by self CPU time, per decode step (prefill included in the totals)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops)
+    print(f"profile of ours, per step ({steps} steps): operator, ms, calls, share of self CPU time")
+    for e in ops[:12]:
+        print(f"  {e.key:<28}{e.self_cpu_time_total / 1000 / steps:>8.2f}{e.count / steps:>8.0f}"
+              f"{e.self_cpu_time_total / total:>8.1%}")
 
 
 def main(argv=None) -> None:
@@ -124,14 +167,14 @@ def main(argv=None) -> None:
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens, ignore_eos=True
     )
 
-    def ours(cache_factory=lambda: None):
+    def ours(cache_factory=lambda: None, cfg=cfg):
         gen = torch.Generator().manual_seed(0)
         out = generate(model, tok, prompts, cfg=cfg, generator=gen, cache=cache_factory())
-        assert int(out.response_mask.sum()) == args.batch * args.new_tokens
+        assert int(out.response_mask.sum()) == args.batch * cfg.max_new_tokens
 
     if args.kv_cache == "fp8":
         fp8, default = side_by_side(
-            lambda: ours(lambda: fp8_kv_cache(KVScales.unit(model.config))), ours, args.repeats
+            lambda: ours(lambda: fp8_kv_cache(KVScales.unit(model.config))), ours, repeats=args.repeats
         )
         print(
             f"{args.pair} student, batch {args.batch}, {args.new_tokens} new tokens, "
@@ -142,7 +185,11 @@ def main(argv=None) -> None:
             "the default's"
         )
         return
-    report(args, model, *side_by_side(ours, hf_generate(model, tok, prompts, args=args), args.repeats))
+    one = replace(cfg, max_new_tokens=1)  # prefill and one sample: what a decode step adds is the rest
+    hf = hf_generate(model, tok, prompts, args=args)
+    report(args, model, *side_by_side(ours, hf, lambda: ours(cfg=one), repeats=args.repeats))
+    if args.profile:
+        profile(ours, args.new_tokens)
 
 
 if __name__ == "__main__":

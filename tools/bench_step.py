@@ -25,6 +25,7 @@ import torch
 from batches import Batches, make_engine
 from cli import Parser, positive_int
 from models import load_pair
+from tools.machine import cpu_facts
 from train import pair_config, train_step
 
 
@@ -74,20 +75,6 @@ def trl_trainer(pair, steps: int, lr: float, max_new_tokens: int, callback):
         processing_class=pair.tokenizer,
         callbacks=[callback],
     )
-
-
-def cpu_facts() -> str:
-    """The CPU model and whether it has native bf16 (AMX or AVX512-BF16), from /proc/cpuinfo (Linux)."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return "CPU: unknown (no /proc/cpuinfo)"
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?"
-    )
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-    bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
-    return f"CPU: {model}; native bf16: {', '.join(bf16) if bf16 else 'no'}"
 
 
 def main(argv=None) -> None:
