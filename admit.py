@@ -88,6 +88,8 @@ def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], di
     t0 = time.time()
     if path.is_file():
         return load_cached(path, device), {"cached": True, "seconds": time.time() - t0}
+    if pair.teacher is None:  # loaded for the check alone: the k real steps need the teacher
+        pair = load_pair(pair.name, device=device)
     versions = trajectory(pair, k, device, **over)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(versions, path)
@@ -159,8 +161,9 @@ def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, version
     return m, n, batch
 
 
-def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict:
-    """The verdict on a candidate configuration of this pair, with the numbers behind it."""
+def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_seconds: float = 0.0) -> dict:
+    """The verdict on a candidate configuration of this pair, with the numbers behind it. `load_seconds`:
+    what loading the pair took, counted with the measuring against one calibration run."""
     t0 = time.time()
     cap = min(cap, len(pair.eval_prompts))
     settings = budget["train_settings"]
@@ -177,7 +180,8 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str) -> dict
         "probe_cap": cap,
         "noise_draws": draws if cfg.noise > 0 else 0,
         "seconds": seconds,
-        "seconds_vs_calibration_run": seconds / budget["seconds_per_run"],
+        "load_seconds": load_seconds,
+        "seconds_vs_calibration_run": (seconds + load_seconds) / budget["seconds_per_run"],
         **what_it_buys(pair.student, cfg),
     }
     if stale is not None:
@@ -334,9 +338,11 @@ def print_check(result: dict) -> None:
             f"(fp32: {result['kv_bytes_per_token_fp32']:,.0f})"
         )
         print(
-            f"measuring took {result['seconds']:.1f} s = {result['seconds_vs_calibration_run']:.1%} "
-            f"of one calibration run; {result['wall_seconds']:.1f} s wall since the process started, "
-            "imports and loading included"
+            f"measuring took {result['seconds']:.1f} s and loading the student "
+            f"{result['load_seconds']:.1f} s: "
+            f"{result['seconds_vs_calibration_run']:.1%} of one calibration run; before them, starting "
+            f"Python and importing torch and transformers took {result['import_seconds']:.1f} s "
+            f"({result['wall_seconds']:.1f} s wall in all)"
         )
 
 
@@ -344,6 +350,7 @@ MOVED = {"calibrate": "python calibrate.py"}  # subcommands that became their ow
 
 
 def main(argv=None) -> None:
+    imported = process_seconds()  # interpreter start and imports, before any of check's own work
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in MOVED:
         fail(BadInput(f"`admit.py {argv[0]}` is now `{MOVED[argv[0]]}` (same flags)"))
@@ -368,8 +375,10 @@ def main(argv=None) -> None:
             result = check_dump(budget, Path(args.dump), fmt=args.format, steps=args.steps)
         else:
             cfg = rollout_config_from_args(args, pair=args.pair)
-            result = check(budget, load_pair(args.pair, device=device), cfg, cap=args.probes, device=device)
-            result["wall_seconds"] = process_seconds()
+            t0 = time.time()
+            pair = load_pair(args.pair, device=device, student_only=True)  # check never uses the teacher
+            result = check(budget, pair, cfg, cap=args.probes, device=device, load_seconds=time.time() - t0)
+            result.update(import_seconds=imported, wall_seconds=process_seconds())
         result["loss"] = loss  # the verdict holds for this loss only
     except EXPECTED as e:
         fail(e)

@@ -60,7 +60,7 @@ class Prompt:
 @dataclass
 class Pair:
     name: str
-    teacher: torch.nn.Module
+    teacher: torch.nn.Module | None  # None when loaded with student_only (the admission check)
     student: torch.nn.Module
     tokenizer: PreTrainedTokenizerFast
     train_prompts: list[Prompt]
@@ -246,8 +246,10 @@ def tiny_config(size: str) -> LlamaConfig:
     )
 
 
-def load_tiny(device: str) -> Pair:
-    teacher, student, tokenizer = load_hf_pair(str(TINY_DIR / "teacher"), str(TINY_DIR / "student"), device)
+def load_tiny(device: str, student_only: bool = False) -> Pair:
+    teacher, student, tokenizer = load_hf_pair(
+        str(TINY_DIR / "teacher"), str(TINY_DIR / "student"), device, student_only=student_only
+    )
     train = tiny_problems(2000, seed=1, held_out=False)
     return Pair("tiny", teacher, student, tokenizer, train, tiny_problems(256, seed=2, held_out=True))
 
@@ -317,9 +319,10 @@ def gemma3_teacher_dir() -> Path:
     return out
 
 
-def drop_layers(model, keep: int):
+def drop_layers(model, keep: int, copy_model: bool = True):
     """A copy of `model` keeping `keep` decoder layers: the first 2 and the last 2 are always kept, and the
-    removed ones are spread evenly over the middle, where layers are most redundant."""
+    removed ones are spread evenly over the middle, where layers are most redundant. copy_model=False cuts
+    `model` itself (nothing else needs the teacher)."""
     n = len(model.model.layers)
     if not 4 <= keep <= n:
         raise BadInput(
@@ -333,7 +336,7 @@ def drop_layers(model, keep: int):
         else set()
     )
     kept = [i for i in range(n) if i not in dropped]
-    student = copy.deepcopy(model)
+    student = copy.deepcopy(model) if copy_model else model
     student.model.layers = torch.nn.ModuleList([student.model.layers[i] for i in kept])
     for new_idx, layer in enumerate(student.model.layers):
         layer.self_attn.layer_idx = new_idx  # the KV cache is indexed by this
@@ -344,8 +347,11 @@ def drop_layers(model, keep: int):
     return student
 
 
-def load_layer_dropped(name: str, device: str, student_layers: int | None) -> Pair:
-    """smollm2 or gemma3: the converted teacher, and a student that keeps `student_layers` of its layers."""
+def load_layer_dropped(
+    name: str, device: str, student_layers: int | None, student_only: bool = False
+) -> Pair:
+    """smollm2 or gemma3: the converted teacher, and a student that keeps `student_layers` of its layers
+    (student_only: the teacher is cut into the student, no copy, and the pair has no teacher)."""
     teacher_dir = smollm2_teacher_dir() if name == "smollm2" else gemma3_teacher_dir()
     try:
         teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
@@ -353,9 +359,10 @@ def load_layer_dropped(name: str, device: str, student_layers: int | None) -> Pa
     except Exception as e:  # a truncated or edited cache file: safetensors, JSON and tokenizer errors alike
         raise BadInput(f"{teacher_dir}: the cached conversion cannot be read ({type(e).__name__}); remove "
                        "the folder and it is converted again") from None
-    student = drop_layers(teacher, student_layers or LAYER_DROPPED[name])
+    student = drop_layers(teacher, student_layers or LAYER_DROPPED[name], copy_model=not student_only)
     train = read_prompts(PROMPT_DIR / "smollm2_train.jsonl")  # gemma3 shares the instruction files
-    return Pair(name, teacher, student, tokenizer, train, read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
+    return Pair(name, None if student_only else teacher, student, tokenizer, train,
+                read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -380,8 +387,9 @@ def _model_source(ident: str, flag: str) -> str:
     return ident
 
 
-def load_hf_pair(teacher_id: str, student_id: str, device: str):
-    """Load a teacher and a student that share a tokenizer. Refuses pairs whose vocabularies differ."""
+def load_hf_pair(teacher_id: str, student_id: str, device: str, student_only: bool = False):
+    """Load a teacher and a student that share a tokenizer. Refuses pairs whose vocabularies differ.
+    student_only: the teacher's tokenizer is checked, its weights are not loaded (teacher None)."""
     teacher_src, student_src = _model_source(teacher_id, "--teacher"), _model_source(student_id, "--student")
     try:
         tokenizer = AutoTokenizer.from_pretrained(student_src, padding_side="left")
@@ -392,14 +400,16 @@ def load_hf_pair(teacher_id: str, student_id: str, device: str):
                 f"({len(teacher_vocab)} vs {len(tokenizer)} tokens); OPD compares their next-token "
                 "distributions, so they must share a tokenizer"
             )
-        teacher = AutoModelForCausalLM.from_pretrained(teacher_src, dtype=torch.float32).to(device).eval()
+        teacher = None if student_only else (
+            AutoModelForCausalLM.from_pretrained(teacher_src, dtype=torch.float32).to(device).eval()
+        )
         student = AutoModelForCausalLM.from_pretrained(student_src, dtype=torch.float32).to(device).eval()
     except BadInput:
         raise
     except Exception as e:  # a hub id that cannot be fetched, a folder without weights or tokenizer, ...
         first = str(e).strip().splitlines()[0][:150] if str(e).strip() else type(e).__name__
         raise BadInput(f"--teacher {teacher_id} / --student {student_id}: cannot load ({first})") from None
-    if teacher.config.vocab_size != student.config.vocab_size:
+    if teacher is not None and teacher.config.vocab_size != student.config.vocab_size:
         raise BadInput(
             f"--teacher {teacher_id} has {teacher.config.vocab_size} output logits, "
             f"--student {student_id} has {student.config.vocab_size}; they must match"
@@ -423,11 +433,13 @@ def load_pair(
     device: str = "cpu",
     student_layers: int | None = None,
     prompts: str | None = None,
+    student_only: bool = False,
 ) -> Pair:
     """The one entry point: an embedded pair by name, or an explicit --teacher/--student.
 
     student_layers: decoder layers the layer-dropped students keep (None: LAYER_DROPPED).
     prompts: a JSONL file that replaces the pair's prompts; every tenth line is held out for evaluation.
+    student_only: no teacher (Pair.teacher None), for what never scores with it (the admission check).
     """
     hf_logging.disable_progress_bar()  # per-tensor loading bars drown out the training bars
     if (teacher is None) != (student is None):
@@ -443,18 +455,19 @@ def load_pair(
             raise BadInput(
                 "--teacher/--student need --prompts FILE.jsonl (a held-out tenth is used for evaluation)"
             )
-        result = Pair("custom", *load_hf_pair(teacher, student, device), [], [])
+        result = Pair("custom", *load_hf_pair(teacher, student, device, student_only), [], [])
     elif pair == "tiny":
-        result = load_tiny(device)
+        result = load_tiny(device, student_only)
     elif pair in LAYER_DROPPED:
-        result = load_layer_dropped(pair, device, student_layers)
+        result = load_layer_dropped(pair, device, student_layers, student_only)
     else:
         raise BadInput(
             f"--pair {pair!r}: unknown pair; choose one of {', '.join(PAIRS)} or give --teacher/--student"
         )
     result.student.to(device)
     for model in (result.teacher, result.student):
-        own_memory(model)
+        if model is not None:
+            own_memory(model)
     if user is not None:
         result.train_prompts, result.eval_prompts = split_prompts(user, prompts)
     return result

@@ -36,6 +36,18 @@ def test_smollm2_teacher_loads_offline(monkeypatch):
     ids = pair.tokenizer("Hello", return_tensors="pt").input_ids
     with torch.no_grad():
         assert torch.isfinite(pair.student(ids).logits).all()
+    # The admission check loads the student alone (the teacher cut into it, no copy): the same student.
+    alone = load_pair("smollm2", student_layers=24, student_only=True)
+    assert alone.teacher is None and alone.student.config.dropped_layers == pair.student.config.dropped_layers
+    full, cut = pair.student.state_dict(), alone.student.state_dict()
+    assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
+    assert [layer.self_attn.layer_idx for layer in alone.student.model.layers] == list(range(24))
+
+
+def test_tiny_student_alone_is_the_pairs_student(tiny_pair):
+    alone = load_pair("tiny", student_only=True)
+    full, cut = tiny_pair.student.state_dict(), alone.student.state_dict()
+    assert alone.teacher is None and all(torch.equal(full[k], cut[k]) for k in full)
 
 
 def test_smollm2_greedy_matches_hf_generate(monkeypatch):
