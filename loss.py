@@ -27,6 +27,7 @@ forward+backward, one teacher forward and the engine's decode, nothing else.
 """
 
 import torch
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from kl import token_kl
@@ -109,8 +110,9 @@ def opd_loss(
     stats: rkl = mean exact KL(p_s ‖ p_t) per token (whatever the estimator), tokens = N, and mismatch_N =
     exact KL(π_engine ‖ π_student) per token (float64) when the rollout carries engine_logits, else None.
     """
-    h_s_N_H, y_N = response_hidden(student, rollout)
-    with torch.no_grad():
+    with record_function("student forward"):  # named ranges: tools/bench_step.py times each phase
+        h_s_N_H, y_N = response_hidden(student, rollout)
+    with torch.no_grad(), record_function("teacher forward"):
         h_t_N_H, _ = response_hidden(teacher, rollout)
     target_B_T = rollout.targets()
     logp_engine_N = rollout.logprobs[:, 1:][target_B_T]  # same order as y_N
@@ -120,9 +122,10 @@ def opd_loss(
         adv_N = advantages_B.to(y_N.device)[:, None].expand_as(target_B_T)[target_B_T]
 
     def chunk_terms(h_s_C_H, h_t_C_H, y_C, logp_e_C, adv_C):
-        with torch.no_grad():
+        with torch.no_grad(), record_function("teacher forward"):
             teacher_logits_C_V = head(teacher, h_t_C_H)
-        student_logits_C_V = head(student, h_s_C_H)
+        with record_function("student forward"):
+            student_logits_C_V = head(student, h_s_C_H)
         kl_C, logp_s_C, logp_t_C = reverse_kl_terms(student_logits_C_V, teacher_logits_C_V, y_C)
         objective = kl_C.sum() if estimator == "analytic" else sampled_terms(
             logp_s_C, logp_t_C, logp_e_C, estimator=estimator, tis_cap=tis_cap, adv_C=adv_C
@@ -140,7 +143,8 @@ def opd_loss(
             checkpoint(chunk_terms, *args, use_reentrant=False) if recompute else chunk_terms(*args)
         )
         if rollout.engine_logits is not None:
-            mismatch.append(token_kl(rollout.engine_logits[part], student_logits_C_V))
+            with record_function("mismatch KL"):
+                mismatch.append(token_kl(rollout.engine_logits[part], student_logits_C_V))
         del student_logits_C_V
         loss = loss + objective / max(n, 1)
         kl_sum = kl_sum + kl

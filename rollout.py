@@ -36,7 +36,8 @@ from cli import (EXPECTED, MAX_TEMPERATURE, MAX_TOKENS, MIN_TEMPERATURE, BadInpu
                  batch_int, fail, fraction, length_int, nonneg_float, nonneg_int, seed_int)
 from cli import temperature as temperature_value
 from models import MAX_NEW_TOKENS, PAIRS, cache_arg, check_prompts, format_prompt, load_pair
-from quant import FP8_WEIGHTS, AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, scales_from_amax
+from quant import (FP8_WEIGHTS, AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, round_weights_once,
+                   scales_from_amax)
 
 from transformers import DynamicCache  # isort: skip
 from transformers.cache_utils import Cache  # isort: skip
@@ -486,6 +487,8 @@ class RolloutEngine:
             model = model.to(torch.bfloat16)
         if self.cfg.weights in FP8_WEIGHTS:
             quantize_weights(model, self.cfg.weights, self.cfg.fp8_skip)
+            if self.device.type == "cpu":  # torchao would round the same weights again at every call
+                round_weights_once(model)
         model.eval()
         if self.cfg.kv_cache == "fp8":
             calibrated = self.cfg.kv_scales == "calibrated"

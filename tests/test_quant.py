@@ -155,3 +155,25 @@ def test_torchao_fp8_weights_equal_per_row_round_trip(tiny_pair):
         assert_close(
             torchao_model(ids).logits, ours(ids).logits, atol=1e-4, what="torchao fp8 vs per-row round trip"
         )
+
+
+@pytest.mark.parametrize("mode", ["fp8", "fp8-emu"])
+def test_weights_rounded_once_give_torchaos_numbers(tiny_pair, mode):
+    """round_weights_once (the CPU engine's fast path) against torchao's own forward, which rounds the weights
+    at every call: the same logits on a left-padded batch, from plain fp32 weights."""
+    import copy
+
+    from quant import round_weights_once
+
+    torchao_model = quantize_weights(copy.deepcopy(tiny_pair.student), mode)
+    once = copy.deepcopy(torchao_model)
+    round_weights_once(once)
+    enc = tiny_pair.tokenizer(
+        [format_prompt(tiny_pair.tokenizer, t) for t in ("123+45=", "7+8=")],
+        add_special_tokens=False, padding=True, return_tensors="pt",
+    )
+    with torch.no_grad():
+        ref, out = torchao_model(**enc).logits, once(**enc).logits
+    assert torch.equal(ref, out), (ref - out).abs().max()
+    assert all(type(p) is torch.nn.Parameter for p in once.parameters()), "every weight is a plain tensor"
+    assert not torch.equal(out, tiny_pair.student(**enc).logits), "still FP8-rounded"

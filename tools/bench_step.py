@@ -7,6 +7,13 @@ same response limit (48 new tokens), learning rate (5e-5) and AdamW. Our step al
 KL(engine ‖ train) and logs it, as every training step does. The steps alternate (TRL step, our step, ...,
 driven by a TrainerCallback), the first `--warmup` of each are excluded, and the medians give the ratio.
 
+After the side-by-side steps, one more step of ours runs under torch.profiler and each phase is set against
+its floor on this machine: sampling against the prefill's FLOPs at the GEMM rate plus one weight read per
+decode step; the student forward, its backward and the teacher forward against the FLOPs of their matrix
+products (counted by the profiler) at the GEMM rate (one large fp32 matmul, measured here); the mismatch KL
+and AdamW against the bytes they must move at the weight-read bandwidth. Attention scores and elementwise
+work are not in the floors, so a multiple near 1 is out of reach on short sequences.
+
 TRL is a benchmark-only dependency (requirements-bench.txt; it leaves torch and transformers as pinned):
 
     pip install -r requirements-bench.txt
@@ -25,6 +32,7 @@ import torch
 from batches import Batches, make_engine
 from cli import Parser, positive_int
 from models import load_pair
+from tools.bench_sampler import side_by_side, weight_read_ms
 from tools.machine import cpu_facts
 from train import pair_config, train_step
 
@@ -77,6 +85,80 @@ def trl_trainer(pair, steps: int, lr: float, max_new_tokens: int, callback):
     )
 
 
+def gemm_flops_per_s(n: int = 2048) -> float:
+    """The fp32 GEMM rate of this machine: one n×n by n×n matmul, median of 5 after a warm-up."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t = side_by_side(lambda: a @ b, repeats=5)[0]
+    return 2 * n**3 / t
+
+
+def descendants(event):
+    yield event
+    for child in event.cpu_children:
+        yield from descendants(child)
+
+
+def phase_profile(events) -> dict:
+    """{phase: (seconds, matmul FLOPs)} from one profiled step: the named ranges of loss.py, the autograd
+    engine's backward functions and the optimizer's step (outermost events only, so nothing counts twice)."""
+    def phase_of(e):
+        if e.name in ("student forward", "teacher forward", "mismatch KL"):
+            return e.name
+        if e.name.startswith("autograd::engine::evaluate_function"):
+            return "student backward"
+        return "optimizer (AdamW)" if e.name.startswith("Optimizer.step#") else None
+
+    out = {}
+    for e in events:
+        name, parent = phase_of(e), e.cpu_parent
+        while parent is not None and phase_of(parent) is None:
+            parent = parent.cpu_parent
+        if name is None or parent is not None:  # not a phase, or inside an outer one
+            continue
+        seconds, flops = out.get(name, (0.0, 0))
+        out[name] = (seconds + e.cpu_time_total / 1e6, flops + sum(d.flops or 0 for d in descendants(e)))
+    return out
+
+
+def floors(rollout, pair, phases: dict, rate: float, read_s: float) -> dict:
+    """Each phase's floor in seconds (see the module docstring). bandwidth = student bytes / read_s."""
+    B, P = rollout.tokens.shape[0], rollout.prompt_len
+    decode_steps = rollout.tokens.shape[1] - P - 1
+    n_tok, vocab = int(rollout.response_mask.sum()), pair.student.config.vocab_size
+    student_bytes = 4 * sum(p.numel() for p in pair.student.parameters())
+    bandwidth = student_bytes / read_s
+    body = sum(p.numel() for n, p in pair.student.named_parameters() if "embed" not in n)
+    floor = {name: flops / rate for name, (_, flops) in phases.items()}
+    floor["sampling"] = 2 * body * B * P / rate + decode_steps * read_s
+    floor["mismatch KL"] = 2 * 4 * n_tok * vocab / bandwidth  # two fp32 [N, V] logit blocks read
+    floor["optimizer (AdamW)"] = 7 * student_bytes / bandwidth  # read p, g, m, v; write p, m, v
+    return floor
+
+
+def print_phases(rec: dict, phases: dict, floor: dict, rate: float) -> None:
+    rows = {"sampling": rec["sample_seconds"], **{k: v[0] for k, v in phases.items()}}
+    print(f"our step against its floor (GEMM rate {rate / 1e9:.0f} GFLOP/s fp32; one profiled step):")
+    print(f"  {'phase':<20}{'ours s':>8}{'floor s':>9}{'multiple':>10}")
+    for name, seconds in rows.items():
+        print(f"  {name:<20}{seconds:>8.2f}{floor[name]:>9.2f}{seconds / floor[name]:>9.1f}x")
+    total, total_floor = rec["seconds"], sum(floor[k] for k in rows)
+    print(f"  {'whole step':<20}{total:>8.2f}{total_floor:>9.2f}{total / total_floor:>9.1f}x "
+          f"(the phases cover {sum(rows.values()) / total:.0%} of it)")
+
+
+def profiled_step(pair, batches, cfg, optimizer, step: int) -> None:
+    """One more step of ours under torch.profiler, and its phases against their floors."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seen, get = [], batches.get
+    batches.get = lambda *a: seen.append(get(*a)) or seen[-1]  # keep the rollout for the floors
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        rec = train_step(pair, batches, cfg, optimizer=optimizer, step=step, device="cpu")
+    phases = phase_profile(prof.events())
+    rate, read_s = gemm_flops_per_s(), weight_read_ms(pair.student) / 1000
+    print_phases(rec, phases, floors(seen[-1][0], pair, phases, rate, read_s), rate)
+
+
 def main(argv=None) -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -90,7 +172,7 @@ def main(argv=None) -> None:
     from transformers import TrainerCallback  # the callback base class TRL's trainer drives
 
     pair = load_pair("smollm2")
-    cfg = pair_config("smollm2", steps=args.steps + args.warmup)
+    cfg = pair_config("smollm2", steps=args.steps + args.warmup + 1)  # + the profiled step
     ours_pair = copy.copy(pair)
     ours_pair.student = copy.deepcopy(pair.student)
     optimizer = torch.optim.AdamW(ours_pair.student.parameters(), lr=cfg.lr)
@@ -121,6 +203,7 @@ def main(argv=None) -> None:
         callback=Alternate(),
     ).train()
     trl_s, ours_s = (statistics.median(times[k][args.warmup :]) for k in ("trl", "ours"))
+    profiled_step(ours_pair, batches, cfg, optimizer, step=len(times["ours"]) + 1)
     print(cpu_facts())
     print(
         f"both fp32; smollm2, 8 sequences × {cfg.rollout.max_new_tokens} new tokens, lr {cfg.lr:g}, "
