@@ -359,6 +359,7 @@ OTHERS = [
     ("rollout", ["--n", "99999999"], "--n"),
     ("tools.bench_sampler", ["--temperature", "1e-9"], "--temperature"),
     ("tools.bench_sampler", ["--batch", "10000000"], "--batch"),
+    ("tools.bench_check", ["--pair", "gemma3"], "--pair"),
     ("admit", ["check", "--budget", "good_budget.json", "--seed", "1" + "0" * 30], "--seed"),
     ("study.__main__", ["sources", "--seed", "-5"], "--seed"),
     # prompts
@@ -425,7 +426,7 @@ def test_bad_input_is_one_line_exit_2(workdir, monkeypatch, capsys, module, argv
 
 
 CLIS = ("train", "mismatch", "quant", "admit", "calibrate", "study.__main__", "rollout", "models", "opd_minimal",
-        "tools.bench_sampler")
+        "tools.bench_sampler", "tools.bench_check")
 
 
 def test_every_cli_and_every_bounded_flag_of_train_has_a_refusal_case():
