@@ -38,8 +38,8 @@ VALIDATION = {
         ("staleness 1 + noise 0.6", {"staleness": 1, "noise": 0.6}),
     ],
     # smollm2: its calibration ran noise 0.03–1 and 3, fp8, kv-fp8 and staleness 2; these are other noise
-    # levels between its grid points and the other real configurations. FP8 weights sample 3–5× slower on
-    # this CPU, so the two FP8 candidates are last: the W8A8 emulation, and the recipe that keeps the blocks
+    # levels between its grid points and the other real configurations. The two FP8 candidates come last:
+    # the W8A8 emulation, and the recipe that keeps the blocks
     # `python -m study sensitivity --pair smollm2` found most sensitive (0–3, 23) in high precision, whose
     # all-FP8 counterpart is the calibration's "fp8" point.
     "smollm2": [
