@@ -90,9 +90,7 @@ def must_recompute(n_tokens: int, vocab: int) -> bool:
 
 
 def opd_loss(
-    student,
-    teacher,
-    rollout,
+    student, teacher, rollout,
     *,
     estimator: str = "analytic",
     chunk: int = 256,

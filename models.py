@@ -455,11 +455,11 @@ def load_pair(
             raise BadInput(
                 "--teacher/--student need --prompts FILE.jsonl (a held-out tenth is used for evaluation)"
             )
-        result = Pair("custom", *load_hf_pair(teacher, student, device, student_only), [], [])
+        result = Pair("custom", *load_hf_pair(teacher, student, device, student_only=student_only), [], [])
     elif pair == "tiny":
         result = load_tiny(device, student_only)
     elif pair in LAYER_DROPPED:
-        result = load_layer_dropped(pair, device, student_layers, student_only)
+        result = load_layer_dropped(pair, device, student_layers, student_only=student_only)
     else:
         raise BadInput(
             f"--pair {pair!r}: unknown pair; choose one of {', '.join(PAIRS)} or give --teacher/--student"

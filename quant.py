@@ -397,16 +397,17 @@ def quantize_weights(model, mode: str, skip=DEFAULT_SKIP):
 
 
 def round_weights_once(model) -> None:
-    """Apply torchao's weight rounding once, where its CPU path applies it at every call, leaving the forward's
-    numbers as they are (tests/test_quant.py):
-        fp8      weight-only Float8 weights: torchao computes x @ dequantize(W)ᵀ at every call, so each becomes
-                 its dequantized copy (e4m3 values times the row scale, held in fp32);
-        fp8-emu  the weight fake-quantizer rounds the same weight at every call: it runs once and is removed
-                 (the activations' fake-quantizer stays: activations change at every call).
-    For CPU engines (sampling ~3× faster): a CPU keeps no FP8 format, so FP8 storage buys it nothing."""
+    """Apply torchao's weight rounding once, where its CPU path applies it at every call, leaving the
+    forward's numbers as they are (tests/test_quant.py):
+        fp8      weight-only Float8 weights: torchao computes x @ dequantize(W)ᵀ at every call, so each
+                 becomes its dequantized copy (e4m3 values times the row scale, held in fp32);
+        fp8-emu  the weight fake-quantizer rounds the same weight at every call: it runs once and is
+                 removed (the activations' fake-quantizer stays: activations change at every call).
+    For CPU engines (sampling ~3× faster): a CPU has no FP8 arithmetic, so FP8 storage buys it nothing."""
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, torch.nn.Linear) and hasattr(m.weight, "dequantize") and hasattr(m.weight, "qdata"):
+            float8 = hasattr(m.weight, "dequantize") and hasattr(m.weight, "qdata")  # torchao's Float8Tensor
+            if isinstance(m, torch.nn.Linear) and float8:
                 m.weight = torch.nn.Parameter(m.weight.dequantize(), requires_grad=False)
             if getattr(m, "weight_fake_quantizer", None) is not None:
                 m.weight = torch.nn.Parameter(m.weight_fake_quantizer(m.weight), requires_grad=False)

@@ -281,7 +281,7 @@ def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
     Llama models with SDPA attention take `llama_decode` (the same modules, weights and result, without the
     HF forward's per-call machinery); other architectures the HF forward."""
     if model.config.model_type == "llama" and model.config._attn_implementation == "sdpa":
-        return llama_decode(model, token_B, attn_B_T, cache)
+        return llama_decode(model, token_B, attn_B_T, cache=cache)
     pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
     out = model(
         input_ids=token_B[:, None],
@@ -334,7 +334,8 @@ def llama_decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
         v_B_Hk_1_D = attn.v_proj(x_B_1_H).view(B, 1, -1, attn.head_dim).transpose(1, 2)
         q_B_Hq_1_D, k_B_Hk_1_D = apply_rotary_pos_emb(q_B_Hq_1_D, k_B_Hk_1_D, *cos_sin)
         k_B_Hk_T_D, v_B_Hk_T_D = cache.update(k_B_Hk_1_D, v_B_Hk_1_D, attn.layer_idx)
-        o_B_1_HD = _one_query_attention(attn, q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D, mask_B_1_1_T)
+        o_B_1_HD = _one_query_attention(attn, q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D=v_B_Hk_T_D,
+                                        mask_B_1_1_T=mask_B_1_1_T)
         h_B_1_H = h_B_1_H + attn.o_proj(o_B_1_HD)
         h_B_1_H = h_B_1_H + layer.mlp(layer.post_attention_layernorm(h_B_1_H))
     return head(model, inner.norm(h_B_1_H)[:, -1])

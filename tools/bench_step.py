@@ -188,9 +188,10 @@ def phases_against_floors(pair, batches, cfg, optimizer, step: int) -> None:
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         train_step(pair, batches, cfg, optimizer=optimizer, step=step, device="cpu")
     flops = phase_profile(prof.events())
-    rec, times, rollout = timed_step(pair, batches, cfg, optimizer, step + 1)
+    rec, times, rollout = timed_step(pair, batches, cfg, optimizer=optimizer, step=step + 1)
     rate, read_s = gemm_flops_per_s(), weight_read_ms(pair.student) / 1000
-    print_phases(rec, times, floors(rollout, pair, flops, rate, read_s), rate)
+    floor = floors(rollout, pair, flops, rate=rate, read_s=read_s)
+    print_phases(rec, times, floor=floor, rate=rate)
 
 
 def main(argv=None) -> None:
@@ -237,7 +238,7 @@ def main(argv=None) -> None:
         callback=Alternate(),
     ).train()
     trl_s, ours_s = (statistics.median(times[k][args.warmup :]) for k in ("trl", "ours"))
-    phases_against_floors(ours_pair, batches, cfg, optimizer, step=len(times["ours"]) + 1)
+    phases_against_floors(ours_pair, batches, cfg, optimizer=optimizer, step=len(times["ours"]) + 1)
     print(cpu_facts())
     print(
         f"both fp32; smollm2, 8 sequences × {cfg.rollout.max_new_tokens} new tokens, lr {cfg.lr:g}, "
