@@ -406,8 +406,8 @@ def round_weights_once(model) -> None:
     For CPU engines (sampling ~3× faster): a CPU has no FP8 arithmetic, so FP8 storage buys it nothing."""
     with torch.no_grad():
         for m in model.modules():
-            float8 = hasattr(m.weight, "dequantize") and hasattr(m.weight, "qdata")  # torchao's Float8Tensor
-            if isinstance(m, torch.nn.Linear) and float8:
+            weight = getattr(m, "weight", None)
+            if isinstance(m, torch.nn.Linear) and hasattr(weight, "dequantize") and hasattr(weight, "qdata"):
                 m.weight = torch.nn.Parameter(m.weight.dequantize(), requires_grad=False)
             if getattr(m, "weight_fake_quantizer", None) is not None:
                 m.weight = torch.nn.Parameter(m.weight_fake_quantizer(m.weight), requires_grad=False)
