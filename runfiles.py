@@ -191,7 +191,7 @@ def summary(records: list[dict]) -> str:
     first, last = evals[0], evals[-1]
     drop = 1 - last["eval_rkl"] / first["eval_rkl"] if first["eval_rkl"] > 0 else 0.0
     text = f"held-out reverse KL {first['eval_rkl']:.3f} -> {last['eval_rkl']:.3f} nats/token "
-    text += f"({drop:.0%} lower)"
+    text += f"({drop:.0%} lower)" if drop >= 0 else f"({-drop:.0%} higher: the student moved away)"
     if "eval_acc" in first:
         text += f"; held-out accuracy {first['eval_acc']:.3f} -> {last['eval_acc']:.3f}"
     return text + f"; {run_seconds(records):.0f}s"

@@ -307,3 +307,13 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_exit_5_and_the_run_resumes(tmp_
     train.main([*args, "--resume"])
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3], "step 2 is redone once, not logged twice"
+
+
+def test_the_summary_line_says_which_way_the_held_out_kl_moved():
+    from runfiles import summary
+
+    def records(end):
+        return [{"step": 0, "eval_rkl": 3.0, "seconds": 0.0}, {"step": 1, "eval_rkl": end, "seconds": 1.0}]
+
+    assert "(67% lower)" in summary(records(1.0))
+    assert "(233% higher" in summary(records(10.0)) and "lower" not in summary(records(10.0))
