@@ -440,7 +440,8 @@ class RolloutEngine:
         staleness k  the weights of version max(v − k, first version seen): it keeps the last k+1 snapshots
                      (memory: (k+1) × the student's fp32 size, about 0.45 GB each for smollm2);
         noise σ      add_weight_noise with a generator seeded by (seed, served version): reproducible;
-        weights      the copy cast to bf16 or quantized to FP8 (quant.quantize_weights), after the noise;
+        weights      the copy cast to bf16 or quantized to FP8 (quant.quantize_weights), after the noise; on
+                     CPU, FP8 weights are rounded once (quant.round_weights_once) instead of at every call;
                      fp8-dyn casts to bf16 first (torchao's per-row FP8 matmul takes bf16 in and out);
         kv_cache     fp8: quant.Fp8KVLayer with calibrated (probe prompts, recomputed at every new version)
                      or unit scales.
