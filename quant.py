@@ -408,7 +408,7 @@ def round_weights_once(model) -> None:
         for m in model.modules():
             weight = getattr(m, "weight", None)
             if isinstance(m, torch.nn.Linear) and hasattr(weight, "dequantize") and hasattr(weight, "qdata"):
-                m.weight = torch.nn.Parameter(m.weight.dequantize(), requires_grad=False)
+                m.weight = torch.nn.Parameter(weight.dequantize(), requires_grad=False)
             if getattr(m, "weight_fake_quantizer", None) is not None:
                 m.weight = torch.nn.Parameter(m.weight_fake_quantizer(m.weight), requires_grad=False)
                 m.weight_fake_quantizer = None

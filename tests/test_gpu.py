@@ -151,7 +151,7 @@ def test_twenty_step_tiny_run_lowers_held_out_kl_and_its_checkpoint_loads_on_cpu
 def test_async_equals_its_sync_twin_at_staleness_1_on_cuda(tmp_path):
     """tests/test_train.py's twin on CUDA, where the async worker samples on its own CUDA stream."""
     asyn = stale_twin(tmp_path, "async", steps=4, device="cuda", async_rollout=True)
-    stale1 = stale_twin(tmp_path, "stale1", steps=4, device="cuda")
+    stale1 = stale_twin(tmp_path, "stale1", steps=4, staleness=1, device="cuda")
     assert [r["engine_version"] for r in asyn] == [0, 0, 1, 2] == [r["engine_version"] for r in stale1]
     same_steps(asyn, stale1)
 

@@ -143,9 +143,9 @@ def test_opd_minimal_runs():
     assert "step" in result.stdout and "reverse KL" in result.stdout
 
 
-def stale_twin(tmp_path: Path, name: str, steps: int, **over) -> list[dict]:
-    """A short tiny run's step records (step 0 left out); the run named "stale1" samples from an engine one
-    version behind (sync, staleness 1): the async runs' twin."""
+def stale_twin(tmp_path: Path, name: str, steps: int, staleness: int = 0, **over) -> list[dict]:
+    """A short tiny run's step records (step 0 left out); staleness 1 (sync, an engine one version behind)
+    is the async runs' twin."""
     from dataclasses import replace
 
     from train import pair_config, run
@@ -161,8 +161,7 @@ def stale_twin(tmp_path: Path, name: str, steps: int, **over) -> list[dict]:
         out_dir=str(tmp_path),
         **over,
     )
-    if name == "stale1":
-        cfg.rollout = replace(cfg.rollout, staleness=1)
+    cfg.rollout = replace(cfg.rollout, staleness=staleness)
     return [r for r in run(cfg, quiet=True) if r["step"] > 0]
 
 
@@ -178,7 +177,7 @@ def test_async_batches_are_exactly_one_version_stale(tmp_path):
     ones sync mode with staleness 1 draws: the same weights, prompts and sampling seeds."""
     sync = stale_twin(tmp_path, "sync", steps=5)
     asyn = stale_twin(tmp_path, "async", steps=5, async_rollout=True)
-    stale1 = stale_twin(tmp_path, "stale1", steps=5)
+    stale1 = stale_twin(tmp_path, "stale1", steps=5, staleness=1)
     assert [r["engine_version"] for r in sync] == [0, 1, 2, 3, 4]
     assert [r["engine_version"] for r in asyn] == [max(s - 2, 0) for s in range(1, 6)] == [0, 0, 1, 2, 3]
     same_steps(asyn, stale1)

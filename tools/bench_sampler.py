@@ -24,6 +24,8 @@ import time
 from dataclasses import replace
 
 import torch
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 from cli import BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
 from models import PAIRS, format_prompt, load_pair
@@ -138,9 +140,6 @@ def report(args, model, t_ours: float, t_hf: float, t_one: float) -> None:
 
 def profile(run, steps: int) -> None:
     """Our sampler's top operators by self CPU time, per decode step (prefill included in the totals)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
     ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)

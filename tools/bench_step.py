@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 import loss
 from batches import Batches, make_engine
@@ -101,9 +102,9 @@ def descendants(event):
         yield from descendants(child)
 
 
-def phase_profile(events) -> dict:
-    """{phase: (seconds, matmul FLOPs)} from one profiled step: the named ranges of loss.py, the autograd
-    engine's backward functions and the optimizer's step (outermost events only, so nothing counts twice)."""
+def phase_flops(events) -> dict:
+    """{phase: matmul FLOPs} from one profiled step: the named ranges of loss.py, the autograd engine's
+    backward functions and the optimizer's step (outermost events only, so nothing counts twice)."""
     def phase_of(e):
         if e.name in ("student forward", "teacher forward", "mismatch KL"):
             return e.name
@@ -118,12 +119,11 @@ def phase_profile(events) -> dict:
             parent = parent.cpu_parent
         if name is None or parent is not None:  # not a phase, or inside an outer one
             continue
-        seconds, flops = out.get(name, (0.0, 0))
-        out[name] = (seconds + e.cpu_time_total / 1e6, flops + sum(d.flops or 0 for d in descendants(e)))
+        out[name] = out.get(name, 0) + sum(d.flops or 0 for d in descendants(e))
     return out
 
 
-def floors(rollout, pair, phases: dict, rate: float, read_s: float) -> dict:
+def floors(rollout, pair, flops: dict, rate: float, read_s: float) -> dict:
     """Each phase's floor in seconds (see the module docstring). bandwidth = student bytes / read_s."""
     B, P = rollout.tokens.shape[0], rollout.prompt_len
     decode_steps = rollout.tokens.shape[1] - P - 1
@@ -131,7 +131,7 @@ def floors(rollout, pair, phases: dict, rate: float, read_s: float) -> dict:
     student_bytes = 4 * sum(p.numel() for p in pair.student.parameters())
     bandwidth = student_bytes / read_s
     body = sum(p.numel() for n, p in pair.student.named_parameters() if "embed" not in n)
-    floor = {name: flops / rate for name, (_, flops) in phases.items()}
+    floor = {name: n / rate for name, n in flops.items()}
     floor["sampling"] = 2 * body * B * P / rate + decode_steps * read_s
     floor["mismatch KL"] = 2 * 4 * n_tok * vocab / bandwidth  # two fp32 [N, V] logit blocks read
     floor["optimizer (AdamW)"] = 7 * student_bytes / bandwidth  # read p, g, m, v; write p, m, v
@@ -173,7 +173,7 @@ def timed_step(pair, batches, cfg, optimizer, step: int) -> tuple[dict, dict, ob
     try:
         rec = train_step(pair, batches, cfg, optimizer=optimizer, step=step, device="cpu")
     finally:
-        loss.record_function, batches.get = torch.profiler.record_function, get
+        loss.record_function, batches.get = record_function, get
         del optimizer.step
     times = {"sampling": rec["sample_seconds"], **times}
     times["student backward"] = rec["seconds"] - sum(times.values())
@@ -183,11 +183,9 @@ def timed_step(pair, batches, cfg, optimizer, step: int) -> tuple[dict, dict, ob
 def phases_against_floors(pair, batches, cfg, optimizer, step: int) -> None:
     """Two more steps of ours: one profiled for the matmul FLOPs of each phase, one timed; each phase's time
     against its floor."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         train_step(pair, batches, cfg, optimizer=optimizer, step=step, device="cpu")
-    flops = phase_profile(prof.events())
+    flops = phase_flops(prof.events())
     rec, times, rollout = timed_step(pair, batches, cfg, optimizer=optimizer, step=step + 1)
     rate, read_s = gemm_flops_per_s(), weight_read_ms(pair.student) / 1000
     floor = floors(rollout, pair, flops, rate=rate, read_s=read_s)
