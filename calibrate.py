@@ -464,9 +464,12 @@ def paired_loss_sd(points: list[dict], near: float = math.inf) -> float | None:
 def refuse_noise(budget: dict, out: Path) -> None:
     """A tolerance under 2 standard errors of the paired quality loss cannot tell a loss from seed noise: no
     budget is written. What it would have been is kept in out/refused.json, so the refusal can be read and
-    cited, and the runs stay in out/runs, reused by a calibration with more seeds."""
+    cited, and the runs stay in out/runs, reused by a calibration with more seeds. A passing calibration
+    removes an earlier refusal's refused.json, so a folder never holds both a budget and a refusal."""
     noise, tol = budget["noise"], budget["tolerance"]["nats"]
-    if noise["tolerance_at_least_2se"] is False:
+    if noise["tolerance_at_least_2se"] is not False:
+        (out / "refused.json").unlink(missing_ok=True)
+    else:
         atomic_write_text(out / "refused.json", json.dumps(budget, indent=2) + "\n")
         raise BadInput(
             f"the tolerance, {tol:.4f} nats, is {noise['tolerance_over_se']:.2f} standard errors of the "

@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from budget import loss_label, read_budget
-from calibrate import budget_ci
+from calibrate import budget_ci, fit_budget
 from runfiles import atomic_savefig
 
 BUDGETS = Path("budgets")
@@ -57,18 +57,30 @@ def interval_text(b: dict, beyond: str = "beyond the grid") -> str:
     return f"[{lo}, {hi}]"
 
 
+def refit(b: dict, fraction: float) -> dict:
+    """b's budget at another tolerance fraction, fitted to its recorded points (calibrate.fit_budget is a
+    pure function of them): {"budget", "how", ...}. Puts budgets calibrated at different tolerances on
+    one footing."""
+    tol = fraction * b["baseline"]["improvement"]
+    return fit_budget([p["mismatch"] for p in b["points"]], [p["quality_loss"] for p in b["points"]], tol)
+
+
 def losses_table(budgets: list[tuple[Path, dict]]) -> str:
-    """Markdown: one row per loss, budget with its interval, tolerance, baseline and the runs behind it."""
+    """Markdown: one row per loss, budget with its interval, tolerance, baseline and the runs behind it, and
+    the analytic budget refitted at that row's tolerance fraction (refit), the like-for-like comparison."""
+    analytic = next((b for _, b in budgets if b["loss"] == "analytic"), None)
     rows = [
-        "| loss | budget (nats/token) | 95% interval | tolerance (nats) | baseline improvement | runs | "
-        "s/run | file |",
-        "|---|---|---|---|---|---|---|---|",
+        "| loss | budget (nats/token) | 95% interval | tolerance | analytic at that tolerance | "
+        "baseline improvement | runs | s/run | file |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for path, b in budgets:
-        base = b["baseline"]
+        base, tol = b["baseline"], b["tolerance"]
+        same = "—" if analytic is None else budget_text({**analytic, **refit(analytic, tol["fraction"])})
         rows.append(
             f"| {loss_label(b['loss'], b['tis_cap'])} | {budget_text(b)} | {interval_text(b)} | "
-            f"{b['tolerance']['nats']:.4f} | {base['eval_rkl_start']:.3f} → {base['eval_rkl_final']:.3f} | "
+            f"{tol['fraction']:.0%}: {tol['nats']:.4f} nats | {same} | "
+            f"{base['eval_rkl_start']:.3f} → {base['eval_rkl_final']:.3f} | "
             f"{len(b['points'])} × {b['steps']} steps | {b['seconds_per_run']:.0f} | `{path}` |"
         )
     return "\n".join(rows)

@@ -126,6 +126,10 @@ def test_a_pairs_budgets_are_read_per_loss_tabled_and_overlaid(tmp_path):
     smallest = min(p["mismatch"] for p in analytic["points"] if p["mismatch"] > 0)
     assert rows[0].startswith(f"| analytic | {analytic['budget']:.3g} |")
     assert rows[1].startswith(f"| sampled-tis2 | < {smallest:.2g} | — |")
+    # each row sets the analytic budget refitted at its tolerance beside it: the analytic row its own
+    assert f"| 5%: {analytic['tolerance']['nats']:.4f} nats | {analytic['budget']:.3g} |" in rows[0]
+    looser = losses.refit(analytic, 0.2)
+    assert looser["how"] == "crossing" and looser["budget"] > analytic["budget"]  # a looser tolerance, later
     losses.plot_losses("tiny", budgets, tmp_path / "overlay.png")
     assert (tmp_path / "overlay.png").stat().st_size > 10_000
 
