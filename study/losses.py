@@ -89,7 +89,7 @@ def losses_table(budgets: list[tuple[Path, dict]]) -> str:
 def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None:
     """Each loss's monotone fit of quality loss vs mismatch, as a fraction of its baseline improvement, with
     its budget; the tolerance is one horizontal line when all budgets share a tolerance fraction."""
-    fig = Figure(figsize=(8.5, 4.2))
+    fig = Figure(figsize=(11, 4.2))
     ax = fig.subplots()
     # the baseline's probe mismatch is 0 up to float rounding (1e-13 to 1e-10): drawn at the left edge
     smallest = min((x for _, b in budgets for x in b["fit"]["mismatch"] if x > 1e-9), default=1e-6)
@@ -109,16 +109,20 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
         )
         if b["how"] == "crossing":
             ax.axvline(b["budget"], color=color, ls="--", lw=1)
-    fractions = {b["tolerance"]["fraction"] for _, b in budgets}
-    for f in fractions:
-        ax.axhline(f, color="k", ls=":", lw=1, label=f"tolerance ({f:.0%} of each loss's improvement)")
+    by_fraction: dict[float, list[str]] = {}
+    for _, b in budgets:
+        by_fraction.setdefault(b["tolerance"]["fraction"], []).append(loss_label(b["loss"], b["tis_cap"]))
+    for (f, labels), ls in zip(sorted(by_fraction.items()), (":", "-.", (0, (1, 4)), (0, (6, 2)))):
+        ax.axhline(f, color="k", ls=ls, lw=1, label=f"tolerance {f:.0%} of the improvement: {', '.join(labels)}")
     ax.set_yscale("symlog", linthresh=0.02)  # linear around the tolerance, logarithmic where losses break
+    top = max(p["quality_loss"] / b["baseline"]["improvement"] for _, b in budgets for p in b["points"])
+    ax.set_ylim(top=max(1.0, top) * 2)  # a diverged run stays in view
     ax.set(
         xscale="log",
         xlabel="mismatch as check measures it, KL(engine ‖ train) nats/token (baseline at the left edge)",
         ylabel="quality lost / baseline improvement",
     )
     ax.set_title(f"{pair}: how much mismatch each OPD loss tolerates (points: runs; lines: monotone fits)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: the points stay visible
     fig.tight_layout()
     atomic_savefig(fig, path)

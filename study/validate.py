@@ -58,6 +58,9 @@ VALIDATION = {
 
 
 NEAR_BUDGET = (0.5, 0.75, 1.3, 2.0)  # noise candidates of a sampled-loss validation, at these × the budget
+# real candidates a sampled-loss validation adds: a sampled loss breaks at far smaller mismatch, where the
+# mildest staleness already sits (tiny's list has staleness 1 only with noise)
+SAMPLED_REAL = {"tiny": [("staleness 1", {"staleness": 1})], "smollm2": []}
 
 
 def noise_for(budget: dict, target: float) -> float:
@@ -81,10 +84,12 @@ def noise_for(budget: dict, target: float) -> float:
 
 def candidates_for(pair_name: str, budget: dict) -> list[tuple[str, dict]]:
     """The analytic loss: the pair's VALIDATION list. A sampled loss, whose budget lies far below the
-    analytic one: the list's configurations without noise, and noise at NEAR_BUDGET × its budget."""
+    analytic one: the list's configurations without noise, SAMPLED_REAL, and noise at NEAR_BUDGET × its
+    budget."""
     if budget["loss"] == "analytic" or budget["how"] != "crossing":
         return VALIDATION[pair_name]
     real = [(label, over) for label, over in VALIDATION[pair_name] if "noise" not in over]
+    real += SAMPLED_REAL[pair_name]
     sigmas = sorted({noise_for(budget, f * budget["budget"]) for f in NEAR_BUDGET})
     return real + [(f"noise {s:g}", {"noise": s}) for s in sigmas]
 

@@ -178,4 +178,5 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
     noises = [over["noise"] for _, over in candidates if "noise" in over]
     assert noises == [0.035, 0.043, 0.057, 0.071] and len(candidates) >= 8
     assert all("noise" not in over for _, over in candidates[: len(candidates) - 4])
+    assert ("staleness 1", {"staleness": 1}) in candidates  # the mildest real staleness
     assert validate.candidates_for("tiny", {**budget, "loss": "analytic"}) == validate.VALIDATION["tiny"]
