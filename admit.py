@@ -14,6 +14,7 @@ check  Measures a candidate configuration's canonical mismatch on held-out probe
 import json
 import math
 import shlex
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -23,7 +24,7 @@ import torch
 from transformers import AutoTokenizer
 
 from audit import draw, origins, report, token_estimates, top_tokens
-from budget import CALIBRATABLE, match_loss, read_budget
+from budget import CALIBRATABLE, loss_label, match_loss, read_budget
 from cli import EXPECTED, BadInput, Parser, cap_float, fail, positive_int, process_seconds, seed_int
 from kl import bootstrap_ci, dump_estimate
 from mismatch import measure_config
@@ -161,6 +162,28 @@ def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, version
     return m, n, batch
 
 
+def staleness_caveat(budget: dict, staleness: int) -> str | None:
+    """For a stale candidate against a sampled-token budget: what the calibration's own stale runs lost. These
+    losses feel staleness (an error along the last updates) more than weight noise of the same per-token KL,
+    so the scale alone can understate it (DESIGN.md, "A budget holds for one loss"). None otherwise."""
+    if budget["loss"] == "analytic" or not staleness:
+        return None
+    groups: dict[str, list[dict]] = {}
+    for p in budget["points"]:
+        if p["source"].startswith("staleness"):
+            groups.setdefault(p["source"], []).append(p)
+    ran = "; ".join(
+        f"{source}: {statistics.fmean(p['mismatch'] for p in g):.2g} nats/token, quality loss "
+        f"{statistics.fmean(p['quality_loss'] for p in g):+.3f} (mean of {len(g)} seeds)"
+        for source, g in groups.items()
+    )
+    return (
+        f"the {loss_label(budget['loss'], budget['tis_cap'])} loss feels staleness more than its per-token KL "
+        f"says; the calibration's stale runs: "
+        f"{ran or 'none'}; tolerance {budget['tolerance']['nats']:.3f} nats"
+    )
+
+
 def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_seconds: float = 0.0) -> dict:
     """The verdict on a candidate configuration of this pair, with the numbers behind it. `load_seconds`:
     what loading the pair took, counted with the measuring against one calibration run."""
@@ -184,6 +207,8 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_se
         "seconds_vs_calibration_run": (seconds + load_seconds) / budget["seconds_per_run"],
         **what_it_buys(pair.student, cfg),
     }
+    if caveat := staleness_caveat(budget, cfg.staleness):
+        out["caveat"] = caveat
     if stale is not None:
         out["stale_trajectory"] = {
             "steps": cfg.staleness,
@@ -330,6 +355,8 @@ def print_check(result: dict) -> None:
     )
     if "coverage_rule" in result:
         print(f"interval: {result['coverage_rule']}")
+    if "caveat" in result:
+        print(f"caveat: {result['caveat']}")
     if "weight_bytes" in result:
         print(
             f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB "

@@ -1,6 +1,7 @@
 """The budget fit, the verdict rule, and admit.py's CLIs."""
 
 import json
+import math
 import os
 import random
 import statistics
@@ -126,6 +127,24 @@ def test_a_tolerance_under_two_standard_errors_writes_no_budget(tmp_path):
         # a passing calibration removes the earlier refusal's file
         assert not (tmp_path / "budget.json").exists() and not (tmp_path / "refused.json").exists()
         (tmp_path / "refused.json").write_text("{}")
+
+
+def test_a_stale_candidate_against_a_sampled_token_budget_gets_the_calibrations_stale_runs():
+    """A sampled-token loss feels staleness beyond its per-token KL: check names what the calibration's stale
+    runs lost, per configuration and averaged over seeds; never for the analytic loss or a fresh engine."""
+    from admit import staleness_caveat
+
+    points = [
+        {"source": "staleness 2", "mismatch": m, "quality_loss": q} for m, q in ((0.002, 0.05), (0.0024, 0.07))
+    ] + [{"source": "noise 0.1", "mismatch": 0.2, "quality_loss": 0.04}]
+    budget = {"loss": "sampler", "tis_cap": math.inf, "points": points, "tolerance": {"nats": 0.031}}
+    caveat = staleness_caveat(budget, staleness=1)
+    assert caveat.startswith("the sampler-is loss feels staleness")
+    assert "staleness 2: 0.0022 nats/token, quality loss +0.060 (mean of 2 seeds); tolerance 0.031" in caveat
+    assert "noise" not in caveat
+    assert staleness_caveat(budget, staleness=0) is None
+    assert staleness_caveat({**budget, "loss": "analytic", "tis_cap": 0.0}, staleness=2) is None
+    assert "stale runs: none" in staleness_caveat({**budget, "points": points[2:]}, staleness=2)
 
 
 def test_check_never_admits_above_the_budget():
