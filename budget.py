@@ -108,4 +108,7 @@ def read_budget(path: Path, pair: str | None) -> dict:
             f"--budget {path}: how is {budget.get('how')!r}; expected one of {', '.join(BUDGET_HOWS)}"
         )
     budget["loss"], budget["tis_cap"] = budget_loss(budget, where=f"--budget {path}")
+    if isinstance(budget.get("train_settings"), dict) and "tis_cap" in budget["train_settings"]:
+        # the settings a stale candidate's trajectory is trained with: the cap as a number, "inf" read back
+        budget["train_settings"]["tis_cap"] = budget["tis_cap"]
     return budget

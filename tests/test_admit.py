@@ -388,6 +388,11 @@ def test_a_budget_holds_for_its_loss_only(tmp_path):
     assert budget["train_settings"]["loss"] == "sampler" and budget["train_settings"]["tis_cap"] == "inf"
     ok = cli("check", "--budget", str(out / "budget.json"), "--pair", "tiny", "--probes", "8", cwd=tmp_path)
     assert ok.returncode in (0, 1, 4) and "for the sampler-is loss" in ok.stdout, ok.stderr[-2000:]
+    # a stale candidate trains its trajectory with the budget's settings, "inf" cap included, and gets a caveat
+    args = ["--pair", "tiny", "--probes", "8", "--staleness", "1"]
+    stale = cli("check", "--budget", str(out / "budget.json"), *args, cwd=tmp_path)
+    assert stale.returncode in (0, 1, 4), stale.stderr[-2000:]
+    assert "caveat: the sampler-is loss feels staleness" in stale.stdout, stale.stdout
     refused = cli("check", "--budget", str(out / "budget.json"), "--loss", "analytic", cwd=tmp_path)
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
