@@ -3,7 +3,8 @@
 A budget is fitted for one loss (budget.py). The losses differ in how much mismatch they tolerate because
 they see the engine differently: the analytic loss only through the prefixes it samples, the sampled ones
 through every sampled token's log-prob. The figure puts each loss's monotone fit on one axis, the quality
-lost as a fraction of that loss's own baseline improvement, so the tolerance (5%) is one line for all.
+lost as a fraction of that loss's own baseline improvement, so each tolerance fraction (5%, 20%) is one line
+for the losses calibrated at it; the table sets beside each budget the analytic one refitted at its fraction.
 
 python -m study report    # writes results/budgets_<pair>.png and the table in results/SUMMARY.md
 """
@@ -88,7 +89,7 @@ def losses_table(budgets: list[tuple[Path, dict]]) -> str:
 
 def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None:
     """Each loss's monotone fit of quality loss vs mismatch, as a fraction of its baseline improvement, with
-    its budget; the tolerance is one horizontal line when all budgets share a tolerance fraction."""
+    its budget; one horizontal line per tolerance fraction, labelled with the losses calibrated at it."""
     fig = Figure(figsize=(11, 4.2))
     ax = fig.subplots()
     # the baseline's probe mismatch is 0 up to float rounding (1e-13 to 1e-10): drawn at the left edge
