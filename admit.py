@@ -177,9 +177,9 @@ def staleness_caveat(budget: dict, staleness: int) -> str | None:
         f"{statistics.fmean(p['quality_loss'] for p in g):+.3f} (mean of {len(g)} seeds)"
         for source, g in groups.items()
     )
+    label = loss_label(budget["loss"], budget["tis_cap"])
     return (
-        f"the {loss_label(budget['loss'], budget['tis_cap'])} loss feels staleness more than its per-token KL "
-        f"says; the calibration's stale runs: "
+        f"the {label} loss feels staleness more than its per-token KL says; the calibration's stale runs: "
         f"{ran or 'none'}; tolerance {budget['tolerance']['nats']:.3f} nats"
     )
 

@@ -113,8 +113,10 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
     by_fraction: dict[float, list[str]] = {}
     for _, b in budgets:
         by_fraction.setdefault(b["tolerance"]["fraction"], []).append(loss_label(b["loss"], b["tis_cap"]))
-    for (f, labels), ls in zip(sorted(by_fraction.items()), (":", "-.", (0, (1, 4)), (0, (6, 2)))):
-        ax.axhline(f, color="k", ls=ls, lw=1, label=f"tolerance {f:.0%} of the improvement: {', '.join(labels)}")
+    styles = (":", "-.", (0, (1, 4)), (0, (6, 2)))
+    for (f, labels), ls in zip(sorted(by_fraction.items()), styles):
+        label = f"tolerance {f:.0%} of the improvement: {', '.join(labels)}"
+        ax.axhline(f, color="k", ls=ls, lw=1, label=label)
     ax.set_yscale("symlog", linthresh=0.02)  # linear around the tolerance, logarithmic where losses break
     top = max(p["quality_loss"] / b["baseline"]["improvement"] for _, b in budgets for p in b["points"])
     ax.set_ylim(top=max(1.0, top) * 2)  # a diverged run stays in view
