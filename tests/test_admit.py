@@ -135,7 +135,8 @@ def test_a_stale_candidate_against_a_sampled_token_budget_gets_the_calibrations_
     from admit import staleness_caveat
 
     points = [
-        {"source": "staleness 2", "mismatch": m, "quality_loss": q} for m, q in ((0.002, 0.05), (0.0024, 0.07))
+        {"source": "staleness 2", "mismatch": m, "quality_loss": q}
+        for m, q in ((0.002, 0.05), (0.0024, 0.07))
     ] + [{"source": "noise 0.1", "mismatch": 0.2, "quality_loss": 0.04}]
     budget = {"loss": "sampler", "tis_cap": math.inf, "points": points, "tolerance": {"nats": 0.031}}
     caveat = staleness_caveat(budget, staleness=1)
@@ -388,7 +389,7 @@ def test_a_budget_holds_for_its_loss_only(tmp_path):
     assert budget["train_settings"]["loss"] == "sampler" and budget["train_settings"]["tis_cap"] == "inf"
     ok = cli("check", "--budget", str(out / "budget.json"), "--pair", "tiny", "--probes", "8", cwd=tmp_path)
     assert ok.returncode in (0, 1, 4) and "for the sampler-is loss" in ok.stdout, ok.stderr[-2000:]
-    # a stale candidate trains its trajectory with the budget's settings, "inf" cap included, and gets a caveat
+    # a stale candidate trains its trajectory with the budget's settings ("inf" cap included); a caveat
     args = ["--pair", "tiny", "--probes", "8", "--staleness", "1"]
     stale = cli("check", "--budget", str(out / "budget.json"), *args, cwd=tmp_path)
     assert stale.returncode in (0, 1, 4), stale.stderr[-2000:]
