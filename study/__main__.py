@@ -1,8 +1,8 @@
 """The study's command line: `python -m study <experiment>` (see study/__init__.py for what each does).
 
 python -m study validate --pair tiny     # ~11 min on a 2-core CPU
-python -m study rl                       # ~15 min
-python -m study prefix                   # ~6 min
+python -m study rl                       # ~2 h on a 2-core CPU
+python -m study prefix                   # ~12 min
 python -m study async                    # smollm2, ~10 min
 python -m study sources --pair tiny --weights fp8 --kv-cache fp8 --staleness 2
 python -m study sensitivity --pair smollm2 --probes 8 --max-new-tokens 24
@@ -81,12 +81,14 @@ def build_parser() -> Parser:
         default=64,
         help="most probe prompts for each check (default: %(default)s)",
     )
-    for name, helptext in (
-        ("rl", "OPD vs GRPO (tiny)"),
-        ("prefix", "per-token vs prefix shift, with and without TIS (tiny)"),
+    for name, helptext, seeds in (
+        ("rl", "OPD vs GRPO (tiny); seeds beyond the first only for study.opd_vs_rl.RL_SPREAD", 3),
+        ("prefix", "per-token vs prefix shift, with and without TIS (tiny)", 3),
     ):
         sp = sub.add_parser(name, help=helptext)
-        sp.add_argument("--seeds", type=positive_int, default=1, help="seeds per run (default: %(default)s)")
+        sp.add_argument(
+            "--seeds", type=positive_int, default=seeds, help="seeds per run (default: %(default)s)"
+        )
     a = sub.add_parser("async", help="sync/async × bf16/fp8 time-to-quality")
     a.add_argument("--pair", default="smollm2", choices=PAIRS, help="the pair (default: %(default)s)")
     a.add_argument("--steps", type=positive_int, default=8, help="steps per run (default: %(default)s)")

@@ -2,6 +2,7 @@
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -51,6 +52,16 @@ def paired(points: list[dict], key: str, baseline_of) -> None:
 def mean_by(points: list[dict], label: str, key: str) -> float:
     vals = [p[key] for p in points if p["label"] == label]
     return sum(vals) / len(vals)
+
+
+def values_by(points: list[dict], label: str, key: str) -> list[float]:
+    """key of every point (one per seed) of a label."""
+    return [p[key] for p in points if p["label"] == label]
+
+
+def mean_sd(vals: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation across seeds; 0 for one seed)."""
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
 def write(name: str, result: dict) -> Path:

@@ -8,7 +8,18 @@ from pathlib import Path
 
 from models import device_label
 from runfiles import read_metrics
-from study.common import RESULTS, mean_by, paired, plt_axes, save_figure, slug, sweep, write
+from study.common import (
+    RESULTS,
+    mean_by,
+    mean_sd,
+    paired,
+    plt_axes,
+    save_figure,
+    slug,
+    sweep,
+    values_by,
+    write,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # prefix: per-token vs prefix shift
@@ -88,14 +99,13 @@ def plot_prefix(result: dict, path: Path) -> None:
     for i, e in enumerate(result["estimators"]):
         labels = [f"{e} noise {s:g}" for s in result["sigmas"]]
         xs = [max(mean_by(result["points"], lab, "mismatch"), 1e-5) for lab in labels]
-        axes[1].plot(
-            xs, [mean_by(result["points"], lab, "delta_eval_rkl") for lab in labels], "os^"[i] + "-", label=e
-        )
+        ys, sds = zip(*(mean_sd(values_by(result["points"], lab, "delta_eval_rkl")) for lab in labels))
+        axes[1].errorbar(xs, ys, yerr=sds, fmt="os^"[i] + "-", capsize=2, label=e)
     axes[1].axhline(0, color="k", lw=0.6)
     axes[1].set(
         xscale="log",
         xlabel="per-token mismatch, nats/token (log)",
-        ylabel="final held-out RKL − same estimator at σ=0",
+        ylabel="final held-out RKL − same estimator at σ=0 (±1 SD over seeds)",
         title="quality loss as σ grows",
     )
     axes[1].legend(fontsize=8)
@@ -116,15 +126,14 @@ def prefix_table(result: dict) -> str:
     ]
     for s in result["sigmas"]:
         lab = f"sampled+TIS noise {s:g}"
-        cells = " | ".join(
-            f"{mean_by(result['points'], f'{e} noise {s:g}', 'delta_eval_rkl'):+.4f}" for e in ests
-        )
+        stats = [mean_sd(values_by(result["points"], f"{e} noise {s:g}", "delta_eval_rkl")) for e in ests]
+        cells = " | ".join(f"{y:+.4f}" + (f"±{sd:.4f}" if sd else "") for y, sd in stats)
         lines.append(
             f"| {s:g} | {mean_by(result['points'], lab, 'mismatch'):.3g} | "
             f"{mean_by(result['points'], lab, 'prefix_kl'):.3g} | {cells} |"
         )
     return (
-        "\n".join(lines) + f"\n\n{result['steps']} steps, {result['seeds']} seed(s); "
+        "\n".join(lines) + f"\n\n{result['steps']} steps, {result['seeds']} seed(s) (mean ± SD); "
         f"mismatch columns are run means over steps; {result['device']}."
     )
 
