@@ -420,11 +420,18 @@ def calibrate_kv_scales(model, tokenizer, prompts: list[str], cfg: RolloutConfig
 
 
 def add_weight_noise(model, sigma: float, generator: torch.Generator) -> None:
-    """W <- W + σ · rms(W) · ε, ε ~ N(0, I), for every parameter tensor: noise relative to its scale."""
+    """W <- W + σ · rms(W) · ε, ε ~ N(0, I), for every parameter tensor: noise relative to its scale.
+    ε is drawn into one reused fp32 buffer and scaled in place: on a CPU, fresh temporaries the size of the
+    embedding cost as much as the draw itself (a test compares this with the formula written directly)."""
     with torch.no_grad():
-        for p in model.parameters():
-            rms = p.float().pow(2).mean().sqrt()
-            p.add_((torch.randn(p.shape, generator=generator, device=p.device) * sigma * rms).to(p.dtype))
+        params = list(model.parameters())
+        if not params:
+            return
+        buf = torch.empty(max(p.numel() for p in params), device=params[0].device)
+        for p in params:
+            eps = torch.randn(p.shape, generator=generator, out=buf[: p.numel()].view(p.shape))
+            rms = torch.linalg.vector_norm(p, dtype=torch.float32) / p.numel() ** 0.5
+            p.add_(eps.mul_(sigma * rms).to(p.dtype))
 
 
 def snapshot(model) -> dict:

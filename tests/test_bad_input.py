@@ -360,6 +360,7 @@ OTHERS = [
     ("tools.bench_sampler", ["--temperature", "1e-9"], "--temperature"),
     ("tools.bench_sampler", ["--batch", "10000000"], "--batch"),
     ("tools.bench_check", ["--pair", "gemma3"], "--pair"),
+    ("tools.bench_noise", ["--rounds", "0"], "--rounds"),
     ("admit", ["check", "--budget", "good_budget.json", "--seed", "1" + "0" * 30], "--seed"),
     ("study.__main__", ["sources", "--seed", "-5"], "--seed"),
     # prompts
@@ -426,7 +427,7 @@ def test_bad_input_is_one_line_exit_2(workdir, monkeypatch, capsys, module, argv
 
 
 CLIS = ("train", "mismatch", "quant", "admit", "calibrate", "study.__main__", "rollout", "models", "opd_minimal",
-        "tools.bench_sampler", "tools.bench_check")
+        "tools.bench_sampler", "tools.bench_check", "tools.bench_noise")
 
 
 def test_every_cli_and_every_bounded_flag_of_train_has_a_refusal_case():

@@ -1,5 +1,7 @@
 """The one scale: identity values, monotone in noise, staleness serving t−k, estimators vs exact."""
 
+import copy
+
 import pytest
 import torch
 from conftest import assert_close
@@ -7,7 +9,7 @@ from conftest import assert_close
 from kl import bootstrap_ci, sampled_token_metrics
 from mismatch import measure
 from models import format_prompt
-from rollout import RolloutConfig, RolloutEngine, generate
+from rollout import RolloutConfig, RolloutEngine, add_weight_noise, generate
 
 
 def probes(pair, n=32):
@@ -60,6 +62,18 @@ def test_noise_is_relative_and_seeded(random_model, tokenizer):
     assert torch.equal(wa, wb), "same seed and version, same noise"
     rel = ((wa - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt()).item()
     assert 0.09 < rel < 0.11, rel
+
+
+def test_weight_noise_matches_the_direct_formula(random_model):
+    """add_weight_noise (one reused buffer, scaled in place) against W + σ · rms(W) · ε written directly,
+    with ε drawn from the same generator state, tensor by tensor in parameter order."""
+    noisy = copy.deepcopy(random_model)
+    add_weight_noise(noisy, 0.3, torch.Generator().manual_seed(7))
+    gen = torch.Generator().manual_seed(7)
+    for w, w_noisy in zip(random_model.parameters(), noisy.parameters()):
+        rms = w.detach().double().pow(2).mean().sqrt()
+        expected = w.detach().double() + 0.3 * rms * torch.randn(w.shape, generator=gen).double()
+        assert_close(w_noisy.double(), expected, atol=1e-5, what="noisy weight")
 
 
 @pytest.mark.parametrize("k", [0, 1, 3])
