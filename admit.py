@@ -162,26 +162,61 @@ def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, version
     return m, n, batch
 
 
-def staleness_caveat(budget: dict, staleness: int) -> str | None:
-    """For a stale candidate against a sampled-token budget: what the calibration's own stale runs lost. These
-    losses feel staleness (an error along the last updates) more than weight noise of the same per-token KL,
-    so the scale alone can understate it (DESIGN.md, "A budget holds for one loss"). None otherwise."""
+def calibration_staleness(budget: dict) -> dict[int, tuple[float, float, int]]:
+    """The calibration's stale runs by staleness k: (mean probe mismatch, mean quality loss, seeds)."""
+    groups: dict[int, list[dict]] = {}
+    for p in budget["points"]:
+        if p["source"].startswith("staleness "):
+            groups.setdefault(int(p["source"].split()[1]), []).append(p)
+    return {
+        k: (
+            statistics.fmean(p["mismatch"] for p in g),
+            statistics.fmean(p["quality_loss"] for p in g),
+            len(g),
+        )
+        for k, g in sorted(groups.items())
+    }
+
+
+def stale_axis(budget: dict, staleness: int) -> dict | None:
+    """A stale candidate against a sampled-token budget, judged on its own axis. These losses feel staleness
+    (an error along the last updates) far more than weight noise of the same per-token KL, so the scale, which
+    the noise grid calibrates, cannot place it (DESIGN.md, "A budget holds for one loss"). With the
+    calibration's stale runs (quality loss q_j at staleness j), and more staleness losing at least as much:
+        reject     some j <= staleness has q_j > tolerance
+        None       some j >= staleness has q_j <= tolerance: the scale decides, as for any candidate
+        uncertain  neither (calibrate with --real staleness-K to decide).
+    None as well for the analytic loss (the scale ranks staleness there) and for a fresh engine."""
     if budget["loss"] == "analytic" or not staleness:
         return None
-    groups: dict[str, list[dict]] = {}
-    for p in budget["points"]:
-        if p["source"].startswith("staleness"):
-            groups.setdefault(p["source"], []).append(p)
-    ran = "; ".join(
-        f"{source}: {statistics.fmean(p['mismatch'] for p in g):.2g} nats/token, quality loss "
-        f"{statistics.fmean(p['quality_loss'] for p in g):+.3f} (mean of {len(g)} seeds)"
-        for source, g in groups.items()
-    )
+    tol, ran = budget["tolerance"]["nats"], calibration_staleness(budget)
     label = loss_label(budget["loss"], budget["tis_cap"])
-    return (
-        f"the {label} loss feels staleness more than its per-token KL says; the calibration's stale runs: "
-        f"{ran or 'none'}; tolerance {budget['tolerance']['nats']:.3f} nats"
+    runs = "; ".join(
+        f"staleness {k}: {m:.2g} nats/token, quality loss {q:+.3f} ({n} seeds)"
+        for k, (m, q, n) in ran.items()
     )
+    seen = f"the calibration's stale runs: {runs or 'none'}; tolerance {tol:.3f} nats"
+    if any(k <= staleness and q > tol for k, (_, q, _) in ran.items()):
+        why = (
+            f"staleness {staleness} is at least as stale as a calibration run that lost beyond the tolerance"
+        )
+        return {"verdict": "reject", "extra_probes": None, "reason": f"{why} ({label} loss; {seen})"}
+    if any(k >= staleness and q <= tol for k, (_, q, _) in ran.items()):
+        return None
+    why = f"the {label} loss feels staleness beyond its per-token KL; no calibration run brackets {staleness}"
+    return {
+        "verdict": "uncertain",
+        "extra_probes": None,
+        "reason": f"{why} ({seen}); calibrate with --real staleness-{staleness} to decide",
+    }
+
+
+def with_stale_axis(decision: dict, axis: dict | None) -> dict:
+    """The scale's decision, overruled by the staleness axis where that one rejects, or cannot vouch for an
+    admit or an uncertain the scale gave."""
+    if axis and (axis["verdict"] == "reject" or decision["verdict"] != "reject"):
+        return axis
+    return decision
 
 
 def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_seconds: float = 0.0) -> dict:
@@ -196,7 +231,7 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_se
     m, n, draws = sequential_measure(pair, cfg, cap, budget=budget, versions=versions)
     seconds = time.time() - t0
     out = {
-        **judge(budget, m, n, available=cap),
+        **with_stale_axis(judge(budget, m, n, available=cap), stale_axis(budget, cfg.staleness)),
         **m,
         "budget": budget["budget"],
         "probes": n,
@@ -207,8 +242,6 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_se
         "seconds_vs_calibration_run": (seconds + load_seconds) / budget["seconds_per_run"],
         **what_it_buys(pair.student, cfg),
     }
-    if caveat := staleness_caveat(budget, cfg.staleness):
-        out["caveat"] = caveat
     if stale is not None:
         out["stale_trajectory"] = {
             "steps": cfg.staleness,
@@ -355,8 +388,6 @@ def print_check(result: dict) -> None:
     )
     if "coverage_rule" in result:
         print(f"interval: {result['coverage_rule']}")
-    if "caveat" in result:
-        print(f"caveat: {result['caveat']}")
     if "weight_bytes" in result:
         print(
             f"buys: weights {result['weight_bytes'] / 2**20:.1f} MiB "

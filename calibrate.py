@@ -142,6 +142,32 @@ def budget_ci(points: list[dict], fraction: float, draws: int = BUDGET_CI_DRAWS,
 # calibrate
 
 
+STALE_AXIS = "every point but the stale runs, which check judges on their own axis (admit.stale_axis)"
+
+
+def fit_points(points: list[dict], loss: str) -> list[dict]:
+    """The points a budget is fitted to: all of them for the analytic loss; for a sampled-token loss all but
+    the stale runs. Those losses feel staleness far more than weight noise of the same per-token KL, so a
+    stale point would drag the noise-made curve down; check judges a stale candidate on its own axis."""
+    if loss == "analytic":
+        return points
+    return [p for p in points if not p["source"].startswith("staleness ")]
+
+
+def budget_fit(points: list[dict], loss: str, fraction: float, tol: float, seeds: int) -> dict:
+    """A budget's fitted fields from its points (fit_points): budget, how, the seed-bootstrap interval and the
+    curve. A pure function of the points, so a committed budget can be refitted from its own file."""
+    fitted = fit_points(points, loss)
+    fit = fit_budget([p["mismatch"] for p in fitted], [p["quality_loss"] for p in fitted], tol)
+    return {
+        "budget": fit["budget"],
+        "how": fit["how"],
+        "budget_ci": budget_ci(fitted, fraction) if seeds > 1 else None,
+        "fitted_to": "every point" if fitted is points else STALE_AXIS,
+        "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
+    }
+
+
 def calibration_configs(noise_grid: list[float], real: list[str]) -> list[tuple[str, dict]]:
     """(source label, rollout overrides): the baseline, the noise grid and the real configurations."""
     configs = [("baseline", {})] + [(f"noise {s:g}", {"noise": s}) for s in noise_grid if s > 0]
@@ -293,7 +319,6 @@ def calibrate(
         loss=loss,
     )
     tol, base = paired_quality_losses(points, tolerance)
-    fit = fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
     budget = {
         **budget_header(pair, loss=loss, command=command, device=device),
         "tolerance": {
@@ -306,12 +331,9 @@ def calibrate(
             "eval_rkl_final": statistics.fmean(base.values()),
             "improvement": tol / tolerance,
         },
-        "budget": fit["budget"],
-        "how": fit["how"],
-        "budget_ci": budget_ci(points, tolerance) if seeds > 1 else None,
-        "method": "isotonic fit of quality loss vs mismatch over all points and seeds; "
+        **budget_fit(points, loss["loss"], fraction=tolerance, tol=tol, seeds=seeds),
+        "method": "isotonic fit of quality loss vs mismatch over the points fitted_to names, all seeds; "
         "budget where the fit crosses the tolerance",
-        "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
         "steps": steps,
         "train_settings": {**train_settings(pair, **loss), "tis_cap": json_cap(loss["tis_cap"])},
         "seeds": seeds,
@@ -505,12 +527,13 @@ def plot_budget(budget: dict, path: Path) -> None:
     floor = (
         min((p["mismatch"] for p in budget["points"] if p["mismatch"] > 0), default=1e-6) / 3
     )  # where zero (the baseline) is drawn
+    fitted = {p["source"] for p in fit_points(budget["points"], budget["loss"])}
     for i, source in enumerate(dict.fromkeys(p["source"] for p in budget["points"])):
         pts = [p for p in budget["points"] if p["source"] == source]
         ax.scatter(
             [max(p["mismatch"], floor) for p in pts],
             [p["quality_loss"] for p in pts],
-            label=source,
+            label=source if source in fitted else f"{source} (not fitted: its own axis)",
             marker="os^vD<>p"[i % 8],
         )
     ax.plot(

@@ -15,7 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from budget import loss_label, read_budget
-from calibrate import budget_ci, fit_budget
+from calibrate import budget_ci, fit_budget, fit_points
 from runfiles import atomic_savefig
 
 BUDGETS = Path("budgets")
@@ -46,7 +46,8 @@ def budget_interval(b: dict) -> tuple[dict | None, bool]:
     if b["how"] != "crossing" or b.get("seeds", 2) < 2:
         return None, False
     recorded = b.get("budget_ci")
-    return recorded or budget_ci(b["points"], b["tolerance"]["fraction"]), not recorded
+    fitted = fit_points(b["points"], b["loss"])
+    return recorded or budget_ci(fitted, b["tolerance"]["fraction"]), not recorded
 
 
 def interval_text(b: dict, beyond: str = "beyond the grid") -> str:
@@ -62,8 +63,8 @@ def refit(b: dict, fraction: float) -> dict:
     """b's budget at another tolerance fraction, fitted to its recorded points (calibrate.fit_budget is a
     pure function of them): {"budget", "how", ...}. Puts budgets calibrated at different tolerances on
     one footing."""
-    tol = fraction * b["baseline"]["improvement"]
-    return fit_budget([p["mismatch"] for p in b["points"]], [p["quality_loss"] for p in b["points"]], tol)
+    tol, points = fraction * b["baseline"]["improvement"], fit_points(b["points"], b["loss"])
+    return fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
 
 
 def losses_table(budgets: list[tuple[Path, dict]]) -> str:
