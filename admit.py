@@ -24,7 +24,7 @@ import torch
 from transformers import AutoTokenizer
 
 from audit import draw, origins, report, token_estimates, top_tokens
-from budget import CALIBRATABLE, loss_label, match_loss, read_budget
+from budget import CALIBRATABLE, loss_label, match_loss, read_budget, source_staleness
 from cli import EXPECTED, BadInput, Parser, cap_float, fail, positive_int, process_seconds, seed_int
 from kl import bootstrap_ci, dump_estimate
 from mismatch import measure_config
@@ -166,8 +166,8 @@ def calibration_staleness(budget: dict) -> dict[int, tuple[float, float, int]]:
     """The calibration's stale runs by staleness k: (mean probe mismatch, mean quality loss, seeds)."""
     groups: dict[int, list[dict]] = {}
     for p in budget["points"]:
-        if p["source"].startswith("staleness "):
-            groups.setdefault(int(p["source"].split()[1]), []).append(p)
+        if k := source_staleness(p["source"]):
+            groups.setdefault(k, []).append(p)
     return {
         k: (
             statistics.fmean(p["mismatch"] for p in g),

@@ -33,6 +33,12 @@ def loss_label(loss: str, tis_cap: float) -> str:
     return f"{loss}-is" if math.isinf(tis_cap) else f"{loss}-tis{tis_cap:g}"
 
 
+def source_staleness(source: str) -> int:
+    """k of a calibration point whose source is "staleness k" (calibrate.calibration_configs); 0 otherwise."""
+    kind, _, k = source.partition(" ")
+    return int(k) if kind == "staleness" else 0
+
+
 def json_cap(tis_cap: float) -> float | str:
     """JSON has no infinity: an uncapped importance weight is recorded as "inf"."""
     return "inf" if math.isinf(tis_cap) else tis_cap

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from admit import stale_versions
-from budget import CALIBRATABLE, SCALE, SCHEMA_VERSION, json_cap, loss_label
+from budget import CALIBRATABLE, SCALE, SCHEMA_VERSION, json_cap, loss_label, source_staleness
 from cli import (
     EXPECTED,
     BadInput,
@@ -151,7 +151,7 @@ def fit_points(points: list[dict], loss: str) -> list[dict]:
     stale point would drag the noise-made curve down; check judges a stale candidate on its own axis."""
     if loss == "analytic":
         return points
-    return [p for p in points if not p["source"].startswith("staleness ")]
+    return [p for p in points if not source_staleness(p["source"])]
 
 
 def budget_fit(points: list[dict], loss: str, fraction: float, tol: float, seeds: int) -> dict:
@@ -163,7 +163,7 @@ def budget_fit(points: list[dict], loss: str, fraction: float, tol: float, seeds
         "budget": fit["budget"],
         "how": fit["how"],
         "budget_ci": budget_ci(fitted, fraction) if seeds > 1 else None,
-        "fitted_to": "every point" if fitted is points else STALE_AXIS,
+        "fitted_to": "every point" if loss == "analytic" else STALE_AXIS,
         "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
     }
 

@@ -49,14 +49,14 @@ def paired(points: list[dict], key: str, baseline_of) -> None:
         p[f"delta_{key}"] = p[key] - b[key] if p[key] is not None else None
 
 
-def mean_by(points: list[dict], label: str, key: str) -> float:
-    vals = [p[key] for p in points if p["label"] == label]
-    return sum(vals) / len(vals)
-
-
 def values_by(points: list[dict], label: str, key: str) -> list[float]:
     """key of every point (one per seed) of a label."""
     return [p[key] for p in points if p["label"] == label]
+
+
+def mean_by(points: list[dict], label: str, key: str) -> float:
+    vals = values_by(points, label, key)
+    return sum(vals) / len(vals)
 
 
 def mean_sd(vals: list[float]) -> tuple[float, float]:

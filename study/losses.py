@@ -45,9 +45,9 @@ def budget_interval(b: dict) -> tuple[dict | None, bool]:
     crossing."""
     if b["how"] != "crossing" or b.get("seeds", 2) < 2:
         return None, False
-    recorded = b.get("budget_ci")
-    fitted = fit_points(b["points"], b["loss"])
-    return recorded or budget_ci(fitted, b["tolerance"]["fraction"]), not recorded
+    if recorded := b.get("budget_ci"):
+        return recorded, False
+    return budget_ci(fit_points(b["points"], b["loss"]), b["tolerance"]["fraction"]), True
 
 
 def interval_text(b: dict, beyond: str = "beyond the grid") -> str:
