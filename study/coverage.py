@@ -137,12 +137,20 @@ def coverage_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def merged(path: Path, results: list[dict]) -> list[dict]:
+    """`results` with the other pairs' committed results kept (a one-pair run replaces only its pair)."""
+    fresh = {r["pair"] for r in results}
+    kept = json.loads(path.read_text())["results"] if path.is_file() else []
+    return [r for r in kept if r["pair"] not in fresh] + results
+
+
 def run_coverage(args, device: str) -> None:
     """python -m study coverage: each pair's cells, results/coverage.json and the table."""
     draws = {"tiny": args.draws, "smollm2": args.smollm2_draws or args.draws}
     pairs = ("tiny", "smollm2") if args.pair == "both" else (args.pair,)
     results = [coverage(p, draws[p], size=args.size, tokens=TOKENS[p], device=device) for p in pairs]
     out = RESULTS / "coverage.json"
+    results = merged(out, results)
     atomic_write_text(out, json.dumps({"results": results}, indent=2) + "\n")
     print(coverage_table(results))
     print(f"wrote {out}")
