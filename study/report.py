@@ -10,6 +10,7 @@ from budget import loss_label
 from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
+from study.coverage import coverage_table
 from study.drift import drift_table
 from study.losses import budget_interval, budget_text, interval_text, losses_table, pair_budgets, plot_losses
 from study.opd_vs_rl import rl_table
@@ -80,6 +81,18 @@ def budget_sections(pair: str) -> list[str]:
     ]
 
 
+def coverage_block(d: dict) -> str:
+    """results/coverage.json's table, as the command prints it."""
+    return f"```\n{coverage_table(d['results'])}\n```"
+
+
+def validated_losses(pair: str) -> list[str]:
+    """The losses whose budgets of `pair` were validated (results/validation_<pair>[_<loss>].json), analytic
+    first; analytic also when it was not, so its section says how to run it."""
+    stems = [p.stem for p in RESULTS.glob(f"validation_{pair}_*.json")]
+    return ["analytic", *sorted(stem.removeprefix(f"validation_{pair}_") for stem in stems)]
+
+
 def report() -> Path:
     """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so."""
     RESULTS.mkdir(exist_ok=True)
@@ -102,13 +115,16 @@ def report() -> Path:
     sections = [
         *[
             (
-                f"validation_{p}",
-                f"Validation of the admission check: {p}",
-                f"python -m study validate --pair {p}",
+                f"validation_{p}{'' if loss == 'analytic' else '_' + loss}",
+                f"Validation of the admission check: {p}, {loss}",
+                f"python -m study validate --pair {p}"
+                + ("" if loss == "analytic" else f" --budget budgets/{p}/{loss}/budget.json"),
                 validation_table,
             )
             for p in VALIDATION
+            for loss in validated_losses(p)
         ],
+        ("coverage", "Dump coverage", "python -m study coverage", coverage_block),
         ("rl_tiny", "OPD vs GRPO", "python -m study rl", rl_table),
         ("prefix_tiny", "Per-token vs prefix shift", "python -m study prefix", prefix_table),
         ("async_smollm2", "FP8 + async time-to-quality", "python -m study async", async_table),
