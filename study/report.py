@@ -4,9 +4,11 @@ python -m study report
 """
 
 import json
+import math
 from pathlib import Path
 
 from budget import loss_label
+from calibrate import NEAR, paired_loss_sd
 from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
@@ -22,10 +24,12 @@ from study.validate import VALIDATION, validation_table
 # report
 
 
-def noise_line(noise: dict | None) -> str:
-    """How far a budget's quality axis can be trusted (calibrate.quality_noise); "" if not recorded."""
+def noise_line(budget: dict) -> str:
+    """How far a budget's quality axis can be trusted (calibrate.quality_noise); for a budget.json that
+    predates the record, the paired loss's SE computed here from its points (calibrate.paired_loss_sd)."""
+    noise = budget.get("noise")
     if not noise:
-        return ""
+        return gate_line(budget)
     sds = ", ".join(f"{v['sd']:.3f} on {n} prompts" for n, v in noise["eval_sd_by_prompts"].items())
     line = f"\nEvaluation noise (SD over {noise['eval_seeds']} evaluation seeds, one checkpoint): {sds}."
     if noise["paired_loss_se"] is not None:
@@ -34,6 +38,21 @@ def noise_line(noise: dict | None) -> str:
             f"SE {noise['paired_loss_se']:.3f} (tolerance = {noise['tolerance_over_se']:.1f} SE)."
         )
     return line + "\n"
+
+
+def gate_line(budget: dict) -> str:
+    """The noise gate read from a budget's recorded points: tolerance / (sd / √seeds), which calibrate now
+    requires to be ≥ 2; "" without two seeds of a configuration near the tolerance."""
+    tol = budget["tolerance"]["nats"]
+    sd = paired_loss_sd(budget["points"], near=NEAR * tol)
+    if sd is None:
+        return ""
+    ratio = tol / (sd / math.sqrt(budget["seeds"]))
+    verdict = "" if ratio >= 2 else ": under the 2 SE that calibrate requires before it writes a budget"
+    return (
+        f"\nPaired quality loss, computed here from the recorded points (the budget.json predates the "
+        f"record): SD {sd:.4f} across seeds, tolerance = {ratio:.2f} SE{verdict}.\n"
+    )
 
 
 def ci_line(budget: dict) -> str:
@@ -64,7 +83,7 @@ def budget_section(path: Path, b: dict) -> str:
         f"{len(b['points'])} runs of {b['steps']} steps; "
         f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"
         + ci_line(b)
-        + noise_line(b.get("noise"))
+        + noise_line(b)
     )
 
 

@@ -59,6 +59,17 @@ def test_report_gives_the_budget_interval_recorded_or_refitted_from_the_points()
     assert study_report.ci_line({**budget, "how": "all-within"}) == "", "a lower bound has no crossing to bracket"
 
 
+def test_report_reads_the_noise_gate_from_the_points_of_a_budget_that_predates_it():
+    """Two seeds of one near configuration, paired losses 0.01 and 0.03: sd = √(2 · 0.01²) = 0.01414,
+    se = sd / √2 = 0.01, so a tolerance of 0.03 is 3 SE and one of 0.015 is 1.5 SE (under the gate)."""
+    points = [{"source": "noise 0.1", "seed": s, "quality_loss": q} for s, q in ((0, 0.01), (1, 0.03))]
+    budget = {"points": points, "seeds": 2, "tolerance": {"nats": 0.03}}
+    assert "tolerance = 3.00 SE." in study_report.noise_line(budget)
+    low = study_report.noise_line({**budget, "tolerance": {"nats": 0.015}})
+    assert "tolerance = 1.50 SE: under the 2 SE" in low
+    assert study_report.noise_line({**budget, "points": points[:1]}) == "", "one seed: no spread to read"
+
+
 def test_validation_table_counts_agreement_on_decided_verdicts_only():
     rows = [
         {
