@@ -57,9 +57,9 @@ VALIDATION = {
 }
 
 
-# noise candidates of a sampled-loss validation, at these × the budget: two within ±30% of it, and pairs a
-# factor 2 and 4 away on each side, where check should be right
-NEAR_BUDGET = (0.25, 0.5, 0.75, 1.3, 2.0, 4.0)
+# noise candidates of a sampled-loss validation, at these × the budget: two within ±30% of it, and one a
+# factor 2, 4 and 8 away on each side, where check should be right
+NEAR_BUDGET = (0.125, 0.25, 0.5, 0.75, 1.3, 2.0, 4.0, 8.0)
 # real candidates a sampled-loss validation adds: a sampled loss breaks at far smaller mismatch, where the
 # mildest staleness already sits (tiny's list has staleness 1 only with noise)
 SAMPLED_REAL = {"tiny": [("staleness 1", {"staleness": 1})], "smollm2": []}

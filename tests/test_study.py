@@ -175,7 +175,7 @@ def test_drift_compares_each_window_of_training_mismatch_with_the_probe_measurem
 
 def test_a_sampled_loss_is_validated_near_its_own_budget():
     """Calibration points with mismatch = σ²: the noise for a target mismatch is its square root, moved off
-    the calibration grid; a sampled-loss budget gets the real configurations and six noises at 0.25–4× it."""
+    the calibration grid; a sampled-loss budget gets the real configurations and eight noises at 1/8–8× it."""
     points = [
         {"source": f"noise {s:g}", "noise": s, "seed": seed, "mismatch": s * s}
         for s in (0.01, 0.1, 1.0)
@@ -187,7 +187,7 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
     assert validate.noise_for(budget, 4.0) == 2.0, "beyond the grid: extrapolated from the last two points"
     candidates = validate.candidates_for("tiny", budget)
     noises = [over["noise"] for _, over in candidates if "noise" in over]
-    assert noises == [0.025, 0.035, 0.043, 0.057, 0.071, 0.11] and len(candidates) >= 10
-    assert all("noise" not in over for _, over in candidates[: len(candidates) - 6])
+    assert noises == [0.018, 0.025, 0.035, 0.043, 0.057, 0.071, 0.11, 0.14] and len(candidates) >= 12
+    assert all("noise" not in over for _, over in candidates[: len(candidates) - 8])
     assert ("staleness 1", {"staleness": 1}) in candidates  # the mildest real staleness
     assert validate.candidates_for("tiny", {**budget, "loss": "analytic"}) == validate.VALIDATION["tiny"]
