@@ -200,7 +200,7 @@ def validation_table(result: dict) -> str:
         f"tolerance {result['tolerance_nats']:.4f} nats; "
         f"agreement on decided verdicts: {agreement} ({result['decided']} of {len(result['rows'])} decided); "
         f"{result['steps']} steps × {result['seeds']} seeds per run; "
-        f"checks of at most {result.get('probes', 64)} probes; {result['device']}."
+        f"checks of at most {result['probes']} probes; {result['device']}."
     )
     return "\n".join(lines)
 

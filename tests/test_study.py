@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from study import coverage as study_coverage
 from study import report as study_report
 from study import time_to_quality, validate
 
@@ -112,10 +113,12 @@ def test_validation_table_counts_agreement_on_decided_verdicts_only():
         "tolerance_nats": 0.01,
         "steps": 60,
         "seeds": 2,
+        "probes": 64,
         "device": "CPU",
     }
     table = validate.validation_table(json.loads(json.dumps(result)))
     assert "agreement on decided verdicts: 100% (2 of 3 decided)" in table
+    assert "checks of at most 64 probes" in table
     assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(
         rows
     )  # header + a row per candidate
@@ -171,6 +174,14 @@ def test_drift_compares_each_window_of_training_mismatch_with_the_probe_measurem
         assert abs(row[w] - value) < 1e-12 and abs(row[f"{w}_ratio"] - value / 0.1) < 1e-9
     assert "| noise 0.1 | 0.1 | 0.015 (×0.15) |" in drift.drift_table(drift.drift(folder / "budget.json"))
     assert (tmp_path / "results" / "drift_tiny_analytic.json").is_file()
+
+
+def test_a_one_pair_coverage_run_keeps_the_other_pairs_results(tmp_path):
+    path = tmp_path / "coverage.json"
+    assert study_coverage.merged(path, [{"pair": "tiny", "cells": [1]}]) == [{"pair": "tiny", "cells": [1]}], "no file yet"
+    path.write_text(json.dumps({"results": [{"pair": "tiny", "cells": [1]}, {"pair": "smollm2", "cells": [2]}]}))
+    out = study_coverage.merged(path, [{"pair": "smollm2", "cells": [3]}])
+    assert out == [{"pair": "tiny", "cells": [1]}, {"pair": "smollm2", "cells": [3]}]
 
 
 def test_a_sampled_loss_is_validated_near_its_own_budget():
