@@ -503,16 +503,23 @@ def refuse_noise(budget: dict, out: Path) -> None:
 
 def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
     """How far the quality axis can be trusted: the evaluation's own noise (eval_noise) and the paired loss's
-    spread near the tolerance (paired_loss_sd over configurations within NEAR × tol), whose standard error
-    over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean paired loss. The tolerance
-    should be ≥ 2·se (refuse_noise)."""
-    sd = paired_loss_sd(points, near=NEAR * tol)
-    se = sd / math.sqrt(seeds) if sd is not None else None
+    gate (paired_loss_gate)."""
     base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
     return {
         "eval_sd_by_prompts": eval_noise(pair_name, base_run, device),
         "eval_seeds": EVAL_SEEDS,
         "baseline_sd_across_training_seeds": statistics.stdev(base) if len(base) > 1 else None,
+        **paired_loss_gate(points, tol, seeds),
+    }
+
+
+def paired_loss_gate(points: list[dict], tol: float, seeds: int) -> dict:
+    """The paired loss's spread near the tolerance (paired_loss_sd over configurations within NEAR × tol),
+    whose standard error over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean paired
+    loss. The tolerance should be ≥ 2·se (refuse_noise)."""
+    sd = paired_loss_sd(points, near=NEAR * tol)
+    se = sd / math.sqrt(seeds) if sd is not None else None
+    return {
         "paired_loss_sd": sd,
         "paired_loss_pooled_over": f"configurations whose mean |quality loss| <= {NEAR:g} × tolerance",
         "paired_loss_se": se,

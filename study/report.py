@@ -4,11 +4,10 @@ python -m study report
 """
 
 import json
-import math
 from pathlib import Path
 
 from budget import loss_label
-from calibrate import NEAR, paired_loss_sd
+from calibrate import paired_loss_gate
 from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
@@ -26,7 +25,7 @@ from study.validate import VALIDATION, validation_table
 
 def noise_line(budget: dict) -> str:
     """How far a budget's quality axis can be trusted (calibrate.quality_noise); for a budget.json that
-    predates the record, the paired loss's SE computed here from its points (calibrate.paired_loss_sd)."""
+    predates the record, the paired loss's SE computed here from its points (calibrate.paired_loss_gate)."""
     noise = budget.get("noise")
     if not noise:
         return gate_line(budget)
@@ -41,17 +40,17 @@ def noise_line(budget: dict) -> str:
 
 
 def gate_line(budget: dict) -> str:
-    """The noise gate read from a budget's recorded points: tolerance / (sd / √seeds), which calibrate now
-    requires to be ≥ 2; "" without two seeds of a configuration near the tolerance."""
-    tol = budget["tolerance"]["nats"]
-    sd = paired_loss_sd(budget["points"], near=NEAR * tol)
-    if sd is None:
+    """The noise gate read from a budget's recorded points (calibrate.paired_loss_gate); "" without two seeds
+    of a configuration near the tolerance."""
+    gate = paired_loss_gate(budget["points"], budget["tolerance"]["nats"], budget["seeds"])
+    if gate["paired_loss_se"] is None:
         return ""
-    ratio = tol / (sd / math.sqrt(budget["seeds"]))
-    verdict = "" if ratio >= 2 else ": under the 2 SE that calibrate requires before it writes a budget"
+    under = ": under the 2 SE that calibrate requires before it writes a budget"
+    verdict = "" if gate["tolerance_at_least_2se"] else under
     return (
         f"\nPaired quality loss, computed here from the recorded points (the budget.json predates the "
-        f"record): SD {sd:.4f} across seeds, tolerance = {ratio:.2f} SE{verdict}.\n"
+        f"record): SD {gate['paired_loss_sd']:.4f} across seeds, "
+        f"tolerance = {gate['tolerance_over_se']:.2f} SE{verdict}.\n"
     )
 
 
