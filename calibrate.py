@@ -13,7 +13,9 @@ budget is read off a monotone (isotonic, non-decreasing) fit of quality loss aga
 points and seeds, never off a single noisy point:
     budget = the mismatch where the fitted loss first crosses the tolerance
              (linear interpolation between the fitted points around the crossing).
-Writes budget.json and budget.png. Finished runs are reused, so an interrupted calibration resumes.
+Writes budget.json and budget.png. Finished runs are reused, so an interrupted calibration resumes; a
+calibration that adds configurations or changes the tolerance can also take the points an earlier one
+recorded (`--reuse its budget.json or refused.json`), so runs that are no longer on disk are not run again.
 
     python calibrate.py --pair tiny --out budgets/tiny
 """
@@ -31,7 +33,15 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from admit import stale_versions
-from budget import CALIBRATABLE, SCALE, SCHEMA_VERSION, json_cap, loss_label, source_staleness
+from budget import (
+    CALIBRATABLE,
+    SCALE,
+    SCHEMA_VERSION,
+    json_cap,
+    loss_label,
+    read_budget,
+    source_staleness,
+)
 from cli import (
     EXPECTED,
     BadInput,
@@ -211,17 +221,19 @@ def run_point(records: list[dict]) -> dict:
 
 # The study's short runs (calibrate, check's stale trajectories, the study) keep the training settings the
 # committed budgets and results were measured with, whatever a pair's demo defaults become; budget.json
-# records them. A pair without an entry uses its defaults. tiny: 60 steps at a constant lr 3e-4, where OPD has
-# only begun (held-out reverse KL 3.03 -> 2.80, greedy accuracy flat) but a paired quality loss is resolved
-# to a few thousandths of a nat. At 400 steps of the demo's lr the baseline learns (accuracy 0.75-0.77),
-# yet two runs that differ by σ = 0.003 of weight noise already end 0.1-0.2 nats apart, so a 5% tolerance
-# sits near one standard error over 2 seeds (RESULTS.md, "Budgets per loss").
+# records them, and a validation trains at the settings its budget records. A pair without an entry uses its
+# defaults. tiny: the demo's schedule (lr 1.5e-3, 20 warm-up steps, cosine) cut to 400 steps, where the
+# baseline learns (greedy accuracy 0.35 -> 0.75-0.77).
 STUDY_TRAIN = {
-    "tiny": {"steps": 60, "batch_size": 64, "samples_per_prompt": 4, "lr": 3e-4, "warmup": 10,
-             "schedule": "constant"},
+    "tiny": {"steps": 400},
     # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise
     "smollm2": {"eval_prompts": 64},
 }
+# Losses whose committed budgets were calibrated at other settings than their pair's STUDY_TRAIN, kept so
+# that the commands those budgets record reproduce them: tiny's sampled-token budgets ran 60 steps of a
+# constant lr 3e-4, where OPD has only begun (greedy accuracy flat; RESULTS.md, "Budgets per loss").
+TINY_EARLY = {"steps": 60, "lr": 3e-4, "warmup": 10, "schedule": "constant"}
+STUDY_TRAIN_BY_LOSS = {("tiny", label): TINY_EARLY for label in ("sampled", "sampled-tis2", "sampler-is")}
 
 
 TRAIN_KEYS = (
@@ -245,8 +257,11 @@ def train_settings(pair: str, **loss) -> dict:
 
 
 def study_config(pair: str, **overrides):
-    """train.pair_config with the study's settings (STUDY_TRAIN) in place of the pair's demo defaults."""
-    return pair_config(pair, **{**STUDY_TRAIN.get(pair, {}), **overrides})
+    """train.pair_config with the study's settings in place of the pair's demo defaults: STUDY_TRAIN, or
+    STUDY_TRAIN_BY_LOSS for the loss the overrides name (loss, tis_cap; default analytic)."""
+    label = loss_label(overrides.get("loss", "analytic"), overrides.get("tis_cap", 0.0))
+    study = {**STUDY_TRAIN.get(pair, {}), **STUDY_TRAIN_BY_LOSS.get((pair, label), {})}
+    return pair_config(pair, **{**study, **overrides})
 
 
 def short_run(
@@ -311,12 +326,14 @@ def calibrate(
     n_probes: int = 64,
     command: str = "",
     loss: dict | None = None,
+    reuse: dict | None = None,
 ) -> dict:
-    """The budget of `pair` for the OPD loss `loss` ({"loss": estimator, "tis_cap": C}; None: analytic)."""
+    """The budget of `pair` for the OPD loss `loss` ({"loss": estimator, "tis_cap": C}; None: analytic),
+    taking the points of `reuse` (a recorded calibration, reused_record) instead of running them again."""
     loss = loss or {"loss": "analytic", "tis_cap": 0.0}
     points = calibration_points(
         pair, out, noise_grid, real=real, steps=steps, seeds=seeds, device=device, n_probes=n_probes,
-        loss=loss,
+        loss=loss, reused=reuse["points"] if reuse else [],
     )
     tol, base = paired_quality_losses(points, tolerance)
     budget = {
@@ -340,8 +357,11 @@ def calibrate(
         "probes": n_probes,
         "seconds_per_run": sum(p["seconds"] for p in points) / len(points),
         "noise": quality_noise(
-            pair, out / "runs" / "baseline-seed0", points, tol=tol, seeds=seeds, device=device
+            pair, out / "runs" / "baseline-seed0", points,
+            loss=loss["loss"], tol=tol, seeds=seeds, device=device,
+            recorded=reuse["noise"]["eval_sd_by_prompts"] if reuse else None,
         ),
+        **({"reused": {"from": reuse["path"], "points": reused_count(points)}} if reuse else {}),
         "points": points,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -366,15 +386,22 @@ def calibration_points(
     device: str,
     n_probes: int,
     loss: dict,
+    reused: list[dict] = (),
 ) -> list[dict]:
     """One short OPD run per calibration configuration and seed (resumed where finished), each with its
-    probe-measured mismatch: the points calibrate fits the budget to."""
+    probe-measured mismatch: the points calibrate fits the budget to. A configuration and seed that
+    `reused` (a recorded calibration's points, same settings) holds is taken from it, marked "reused"."""
     plan = [
         (label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)
     ]
+    recorded = {(p["source"], p["seed"]): p for p in reused}
     loaded = load_pair(pair, device=device)  # for the probe measurements
     points = []
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
+        old = recorded.get((label, seed))
+        if old is not None and all(old.get(k) == v for k, v in over.items()):
+            points.append({**{k: v for k, v in old.items() if k != "quality_loss"}, "reused": True})
+            continue
         name = run_name(label, seed)
         run = short_run(
             out / "runs",
@@ -408,6 +435,31 @@ def calibration_points(
             }
         )
     return points
+
+
+def reused_count(points: list[dict]) -> int:
+    return sum(1 for p in points if p.get("reused"))
+
+
+# what a recorded calibration must share with this one for its points to stand in for runs
+REUSE_KEYS = ("pair", "loss", "tis_cap", "steps", "train_settings", "probes")
+
+
+def reused_record(path: Path, wanted: dict) -> dict:
+    """A recorded calibration (budget.json or refused.json, budget.read_budget) whose REUSE_KEYS equal
+    `wanted`'s: its points, its evaluation-noise measurement and its path. One line (BadInput) naming the
+    first field that differs: points trained at other settings would be paired with the wrong baseline."""
+    try:
+        record = read_budget(path, wanted["pair"])
+    except BadInput as e:
+        raise BadInput(str(e).replace("--budget", "--reuse", 1)) from None
+    for key in REUSE_KEYS:
+        if record.get(key) != wanted[key]:
+            raise BadInput(
+                f"--reuse {path}: its {key} is {json.dumps(record.get(key))}, this calibration's is "
+                f"{json.dumps(wanted[key])}; only a calibration at the same settings can be reused"
+            )
+    return {"path": str(path), "points": record["points"], "noise": record["noise"]}
 
 
 def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device, settings: dict) -> dict:
@@ -501,27 +553,36 @@ def refuse_noise(budget: dict, out: Path) -> None:
         )
 
 
-def quality_noise(pair_name: str, base_run: Path, points: list[dict], tol: float, seeds: int, device) -> dict:
-    """How far the quality axis can be trusted: the evaluation's own noise (eval_noise) and the paired loss's
-    gate (paired_loss_gate)."""
+def quality_noise(
+    pair_name: str, base_run: Path, points: list[dict], *, loss: str, tol: float, seeds: int, device,
+    recorded=None,
+) -> dict:
+    """How far the quality axis can be trusted: the evaluation's own noise (eval_noise on base_run, or
+    `recorded`, the measurement of a reused calibration whose baseline run is not on disk) and the paired
+    loss's gate over the points the budget is fitted to (paired_loss_gate)."""
     base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
+    on_disk = (base_run / "metrics.jsonl").is_file()
+    eval_sd = recorded if recorded and not on_disk else eval_noise(pair_name, base_run, device)
     return {
-        "eval_sd_by_prompts": eval_noise(pair_name, base_run, device),
+        "eval_sd_by_prompts": eval_sd,
         "eval_seeds": EVAL_SEEDS,
         "baseline_sd_across_training_seeds": statistics.stdev(base) if len(base) > 1 else None,
-        **paired_loss_gate(points, tol, seeds),
+        **paired_loss_gate(points, tol=tol, seeds=seeds, loss=loss),
     }
 
 
-def paired_loss_gate(points: list[dict], tol: float, seeds: int) -> dict:
-    """The paired loss's spread near the tolerance (paired_loss_sd over configurations within NEAR × tol),
-    whose standard error over `seeds` seeds, se = sd / √seeds, is that of one configuration's mean paired
-    loss. The tolerance should be ≥ 2·se (refuse_noise)."""
-    sd = paired_loss_sd(points, near=NEAR * tol)
+def paired_loss_gate(points: list[dict], *, tol: float, seeds: int, loss: str) -> dict:
+    """The paired loss's spread near the tolerance (paired_loss_sd over the configurations the budget is
+    fitted to, fit_points, whose mean loss lies within NEAR × tol), whose standard error over `seeds` seeds,
+    se = sd / √seeds, is that of one configuration's mean paired loss. The tolerance should be ≥ 2·se
+    (refuse_noise). A sampled-token loss's stale runs are left out as the fit leaves them out: check judges
+    staleness by them on its own axis (admit.stale_axis), never by the fitted curve."""
+    sd = paired_loss_sd(fit_points(points, loss), near=NEAR * tol)
     se = sd / math.sqrt(seeds) if sd is not None else None
+    pooled = "configurations whose mean |quality loss| <= {:g} × tolerance".format(NEAR)
     return {
         "paired_loss_sd": sd,
-        "paired_loss_pooled_over": f"configurations whose mean |quality loss| <= {NEAR:g} × tolerance",
+        "paired_loss_pooled_over": pooled if loss == "analytic" else f"fitted {pooled} (no stale runs)",
         "paired_loss_se": se,
         "tolerance_over_se": tol / se if se else None,
         "tolerance_at_least_2se": None if se is None else tol >= 2 * se,
@@ -601,7 +662,8 @@ def build_parser() -> Parser:
         "--steps",
         type=positive_int,
         help="OPD steps per run (default: the study's, " + ", ".join(
-            f"{study_config(p).steps} {p}" for p in PAIRS) + ")",
+            f"{study_config(p).steps} {p}" for p in PAIRS) + "; " + ", ".join(
+            f"{s['steps']} {p} {label}" for (p, label), s in STUDY_TRAIN_BY_LOSS.items()) + ")",
     )
     parser.add_argument(
         "--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)"
@@ -630,6 +692,11 @@ def build_parser() -> Parser:
         default=0.0,
         help="importance-weight cap of the loss: 0 none, C, or inf (tinker: --loss sampler --tis-cap inf)",
     )
+    parser.add_argument(
+        "--reuse",
+        help="a budget.json or refused.json of a calibration at the same pair, loss, steps, settings and "
+        "probes: its configurations and seeds are taken as recorded instead of run again",
+    )
     parser.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
     return parser
 
@@ -646,18 +713,24 @@ def main(argv=None) -> None:
         real = [r for r in args.real.split(",") if r]
         calibration_configs([], real)  # refuses an unknown --real before any run starts
         command = shlex.join(["python", "calibrate.py", *(sys.argv[1:] if argv is None else argv)])
+        loss = {"loss": args.loss, "tis_cap": args.tis_cap}
+        steps = args.steps or study_config(args.pair, **loss).steps
+        wanted = {"pair": args.pair, **loss, "steps": steps, "probes": args.probes,
+                  "train_settings": train_settings(args.pair, **loss)}
+        reuse = reused_record(Path(args.reuse), wanted) if args.reuse else None
         budget = calibrate(
             args.pair,
             out,
             args.noise_grid,  # a list: argparse applies comma_floats to the default too
             real=real,
-            steps=args.steps or study_config(args.pair).steps,
+            steps=steps,
             seeds=args.seeds,
             tolerance=args.tolerance,
             device=device,
             n_probes=args.probes,
             command=command,
-            loss={"loss": args.loss, "tis_cap": args.tis_cap},
+            loss=loss,
+            reuse=reuse,
         )
     except EXPECTED as e:
         fail(e)

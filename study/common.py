@@ -82,8 +82,3 @@ def save_figure(_, fig, path: Path, title: str) -> None:
     fig.tight_layout()
     atomic_savefig(fig, path)
 
-
-# ---------------------------------------------------------------------------------------------------
-# validate
-
-# Candidates each pair's calibration never ran (tiny's default calibration runs noise 0.003…1, fp8, kv-fp8,

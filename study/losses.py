@@ -4,7 +4,9 @@ A budget is fitted for one loss (budget.py). The losses differ in how much misma
 they see the engine differently: the analytic loss only through the prefixes it samples, the sampled ones
 through every sampled token's log-prob. The figure puts each loss's monotone fit on one axis, the quality
 lost as a fraction of that loss's own baseline improvement, so each tolerance fraction (5%, 20%) is one line
-for the losses calibrated at it; the table sets beside each budget the analytic one refitted at its fraction.
+for the losses calibrated at it; the table sets beside each budget the analytic one trained at the same
+settings, refitted at its fraction (a loss calibrated at other settings than today's analytic budget is
+compared with an analytic calibration at its settings kept in results/calibration_<pair>_*.json).
 
 python -m study report    # writes results/budgets_<pair>.png and the table in results/SUMMARY.md
 """
@@ -17,6 +19,7 @@ from matplotlib.figure import Figure
 from budget import loss_label, read_budget
 from calibrate import budget_ci, fit_budget, fit_points
 from runfiles import atomic_savefig
+from study.common import RESULTS
 
 BUDGETS = Path("budgets")
 
@@ -26,6 +29,24 @@ def pair_budgets(pair: str, root: Path = BUDGETS) -> list[tuple[Path, dict]]:
     read and checked (budget.read_budget)."""
     paths = [root / pair / "budget.json", *sorted((root / pair).glob("*/budget.json"))]
     return [(p, read_budget(p, pair)) for p in paths if p.is_file()]
+
+
+def reference_budgets(pair: str, root: Path = RESULTS) -> list[tuple[Path, dict]]:
+    """Analytic calibrations kept beside the budgets (root/calibration_<pair>_*.json): the analytic loss at
+    the settings of a budget whose loss was calibrated at other settings than today's analytic budget."""
+    return [(p, read_budget(p, pair)) for p in sorted(root.glob(f"calibration_{pair}_*.json"))]
+
+
+def settings_of(b: dict) -> dict:
+    """What a budget's runs were trained with, the loss aside: steps and train_settings without the loss."""
+    kept = {k: v for k, v in b["train_settings"].items() if k not in ("loss", "tis_cap")}
+    return {"steps": b["steps"], **kept}
+
+
+def analytic_like(b: dict, analytics: list[dict]) -> dict | None:
+    """The first analytic budget trained at b's settings (settings_of), the one to compare b with; None if
+    none was."""
+    return next((a for a in analytics if a["loss"] == "analytic" and settings_of(a) == settings_of(b)), None)
 
 
 def budget_text(b: dict) -> str:
@@ -67,17 +88,18 @@ def refit(b: dict, fraction: float) -> dict:
     return fit_budget([p["mismatch"] for p in points], [p["quality_loss"] for p in points], tol)
 
 
-def losses_table(budgets: list[tuple[Path, dict]]) -> str:
+def losses_table(budgets: list[tuple[Path, dict]], references: list[tuple[Path, dict]] = ()) -> str:
     """Markdown: one row per loss, budget with its interval, tolerance, baseline and the runs behind it, and
-    the analytic budget refitted at that row's tolerance fraction (refit), the like-for-like comparison."""
-    analytic = next((b for _, b in budgets if b["loss"] == "analytic"), None)
+    the analytic budget trained at the same settings (analytic_like: a budget, else one of `references`)
+    refitted at that row's tolerance fraction (refit), the like-for-like comparison."""
+    analytics = [b for _, b in [*budgets, *references]]
     rows = [
-        "| loss | budget (nats/token) | 95% interval | tolerance | analytic at that tolerance | "
+        "| loss | budget (nats/token) | 95% interval | tolerance | analytic, same settings and tolerance | "
         "baseline improvement | runs | s/run | file |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for path, b in budgets:
-        base, tol = b["baseline"], b["tolerance"]
+        base, tol, analytic = b["baseline"], b["tolerance"], analytic_like(b, analytics)
         same = "—" if analytic is None else budget_text({**analytic, **refit(analytic, tol["fraction"])})
         rows.append(
             f"| {loss_label(b['loss'], b['tis_cap'])} | {budget_text(b)} | {interval_text(b)} | "
@@ -101,7 +123,9 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
         improvement = b["baseline"]["improvement"]
         xs = [x if x > 1e-9 else floor for x in b["fit"]["mismatch"]]
         ys = [q / improvement for q in b["fit"]["quality_loss"]]
-        ax.step(xs, ys, where="post", color=color, label=f"{label}: budget {budget_text(b)}")
+        ax.step(
+            xs, ys, where="post", color=color, label=f"{label} ({b['steps']} steps): budget {budget_text(b)}"
+        )
         ax.scatter(
             [p["mismatch"] if p["mismatch"] > 1e-9 else floor for p in b["points"]],
             [p["quality_loss"] / improvement for p in b["points"]],

@@ -6,6 +6,7 @@ estimators as σ grows: analytic (immune to the per-token part), sampled-token, 
 
 from pathlib import Path
 
+from calibrate import TINY_EARLY
 from models import device_label
 from runfiles import read_metrics
 from study.common import (
@@ -30,9 +31,9 @@ PREFIX_ESTIMATORS = {
     "sampled+TIS": {"loss": "sampled", "tis_cap": 2.0},
 }
 PREFIX_SIGMAS = (0.0, 0.1, 0.3, 0.5, 1.0)
-# The settings results/prefix_tiny.json was measured with (64 prompts × 4 samples from calibrate.STUDY_TRAIN,
-# 60 steps at a constant lr 3e-4), pinned here so the command reproduces it whatever the study's become.
-PREFIX_TRAIN = dict(steps=60, lr=3e-4, warmup=10, schedule="constant", eval_every=0)
+# The settings results/prefix_tiny.json was measured with (tiny's 64 prompts × 4 samples, 60 steps at a
+# constant lr 3e-4: calibrate.TINY_EARLY), pinned so the command reproduces it whatever the study's become.
+PREFIX_TRAIN = dict(**TINY_EARLY, eval_every=0)
 
 
 def prefix(seeds: int, device: str) -> dict:

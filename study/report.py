@@ -13,7 +13,15 @@ from models import PAIRS
 from study.common import RESULTS
 from study.coverage import coverage_table
 from study.drift import drift_table
-from study.losses import budget_interval, budget_text, interval_text, losses_table, pair_budgets, plot_losses
+from study.losses import (
+    budget_interval,
+    budget_text,
+    interval_text,
+    losses_table,
+    pair_budgets,
+    plot_losses,
+    reference_budgets,
+)
 from study.opd_vs_rl import rl_table
 from study.prefix import prefix_table
 from study.time_to_quality import async_table
@@ -42,7 +50,8 @@ def noise_line(budget: dict) -> str:
 def gate_line(budget: dict) -> str:
     """The noise gate read from a budget's recorded points (calibrate.paired_loss_gate); "" without two seeds
     of a configuration near the tolerance."""
-    gate = paired_loss_gate(budget["points"], budget["tolerance"]["nats"], budget["seeds"])
+    tol, seeds = budget["tolerance"]["nats"], budget["seeds"]
+    gate = paired_loss_gate(budget["points"], tol=tol, seeds=seeds, loss=budget["loss"])
     if gate["paired_loss_se"] is None:
         return ""
     under = ": under the 2 SE that calibrate requires before it writes a budget"
@@ -91,10 +100,11 @@ def budget_sections(pair: str) -> list[str]:
     budgets = pair_budgets(pair)
     if not budgets:
         return []
-    figure = RESULTS / f"budgets_{pair}.png"
-    plot_losses(pair, budgets, figure)
+    figure, references = RESULTS / f"budgets_{pair}.png", reference_budgets(pair)
+    plot_losses(pair, budgets + references, figure)  # a reference drawn too: the fit its rows compare with
+    table = losses_table(budgets, references)
     return [
-        f"## Budgets: {pair}\n\n{losses_table(budgets)}\n\nEach loss's fit: `{figure}`.\n",
+        f"## Budgets: {pair}\n\n{table}\n\nEach loss's fit: `{figure}`.\n",
         *(budget_section(path, b) for path, b in budgets),
     ]
 

@@ -16,14 +16,14 @@ from tqdm import tqdm
 
 from admit import check
 from budget import loss_label, read_budget
-from calibrate import study_config
+from calibrate import study_config, train_settings
 from cli import BadInput
 from models import device_label, load_pair
 from study.common import RESULTS, mean_by, paired, sweep, write
 from study.sensitivity import block_skip
 
-# Candidates each pair's calibration never ran (tiny's default calibration runs noise 0.003…1, fp8, kv-fp8,
-# staleness 2).
+# Candidates each pair's calibration never ran (tiny's calibrations ran noise 0.003, 0.01, 0.03, 0.1, 0.3, 0.5
+# and 1, fp8, kv-fp8 and staleness 2).
 VALIDATION = {
     "tiny": [
         ("noise 0.2", {"noise": 0.2}),
@@ -84,12 +84,21 @@ def noise_for(budget: dict, target: float) -> float:
     return round(sigma * 1.1, 4) if sigma in by_sigma else sigma
 
 
+# noise candidates an analytic validation adds to its pair's list, at these × the budget, so that two lie
+# within ±30% of it: smollm2's list has two there already (noise 0.7 and 2: 0.82× and 1.15×)
+ANALYTIC_NEAR = {"tiny": (0.75, 1.3), "smollm2": ()}
+
+
 def candidates_for(pair_name: str, budget: dict) -> list[tuple[str, dict]]:
-    """The analytic loss: the pair's VALIDATION list. A sampled loss, whose budget lies far below the
-    analytic one: the list's configurations without noise, SAMPLED_REAL, and noise at NEAR_BUDGET × its
-    budget."""
-    if budget["loss"] == "analytic" or budget["how"] != "crossing":
+    """The analytic loss: the pair's VALIDATION list and noise at ANALYTIC_NEAR × its budget. A sampled
+    loss, whose budget lies far below the analytic one: the list's configurations without noise,
+    SAMPLED_REAL, and noise at NEAR_BUDGET × its budget."""
+    if budget["how"] != "crossing":
         return VALIDATION[pair_name]
+    if budget["loss"] == "analytic":
+        listed = {over.get("noise") for _, over in VALIDATION[pair_name]}  # one candidate per σ
+        sigmas = sorted({noise_for(budget, f * budget["budget"]) for f in ANALYTIC_NEAR[pair_name]} - listed)
+        return VALIDATION[pair_name] + [(f"noise {s:g}", {"noise": s}) for s in sigmas]
     real = [(label, over) for label, over in VALIDATION[pair_name] if "noise" not in over]
     real += SAMPLED_REAL[pair_name]
     sigmas = sorted({noise_for(budget, f * budget["budget"]) for f in NEAR_BUDGET})
@@ -140,7 +149,9 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
     suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
     candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
-    base_cfg = study_config(pair_name, device=device, **loss)
+    # the validation trains as the calibration did: the budget's recorded settings, loss included
+    settings = budget.get("train_settings") or train_settings(pair_name, **loss)
+    base_cfg = study_config(pair_name, device=device, **settings)
     verdicts = {}
     for label, over in tqdm(candidates, desc="checking", unit="config"):
         verdicts[label] = check(budget, pair, replace(base_cfg.rollout, **over), cap=probes, device=device)
@@ -154,7 +165,7 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
         desc="training",
         steps=budget["steps"],
         eval_every=0,
-        **loss,
+        **settings,
     )
     paired(points, "eval_rkl", lambda p: "baseline")
     tol = budget["tolerance"]["nats"]

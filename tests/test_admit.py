@@ -293,6 +293,34 @@ def test_calibrate_with_other_steps_never_reuses_or_overwrites_the_longer_runs(c
     assert {p: p.read_bytes() for p in calibrated.rglob("*") if p.is_file()} == files
 
 
+def test_calibrate_reuses_a_recorded_calibration_without_its_runs(calibrated, tmp_path):
+    """--reuse a committed budget.json (no runs on disk): its configurations are taken as recorded, only the
+    added noise level is run, the tolerance is refitted from the same points; a record made at other
+    settings is refused with one line, exit 2, nothing created."""
+    record = tmp_path / "recorded.json"
+    record.write_bytes((calibrated / "budget.json").read_bytes())
+    common = ["--pair", "tiny", "--noise-grid", "0.01,0.1,0.3", "--real", "", "--seeds", "1"]
+    bad = calibrate_cli(*common, "--out", str(tmp_path / "bad"), "--steps", "3", "--reuse", str(record),
+                        cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    assert "its steps is 2, this calibration's is 3" in bad.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "bad").exists()
+    out = tmp_path / "more"
+    result = calibrate_cli(*common, "--out", str(out), "--steps", "2", "--tolerance", "0.2",
+                           "--reuse", str(record), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    old, new = json.loads(record.read_text()), json.loads((out / "budget.json").read_text())
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["noise_0.3-seed0"]
+    assert new["reused"] == {"from": str(record), "points": 3}
+    drop = ("quality_loss", "reused")
+    for was, now in zip(old["points"], new["points"]):
+        assert now["reused"] is True and {k: v for k, v in now.items() if k not in drop} == {
+            k: v for k, v in was.items() if k not in drop}
+    assert new["points"][3]["source"] == "noise 0.3" and "reused" not in new["points"][3]
+    assert new["noise"]["eval_sd_by_prompts"] == old["noise"]["eval_sd_by_prompts"]
+    assert new["tolerance"]["nats"] == pytest.approx(4 * old["tolerance"]["nats"])  # 20% against 5%
+
+
 def test_check_gives_a_verdict(calibrated):
     result = cli(
         "check",

@@ -318,6 +318,8 @@ OTHERS = [
     ("calibrate", ["--noise-grid", "nan"], "--noise-grid"),
     ("calibrate", ["--real", "bogus"], "bogus"),
     ("calibrate", ["--steps", "0"], "--steps"),
+    ("calibrate", ["--reuse", "missing.json"], "--reuse missing.json: no such file"),
+    ("calibrate", ["--reuse", "smollm2_budget.json"], "'smollm2'"),
     ("admit", ["calibrate", "--steps", "2"], "python calibrate.py"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "empty.jsonl"], "no sequences"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "lengths.jsonl"], "lengths.jsonl:1"),

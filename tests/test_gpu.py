@@ -21,7 +21,7 @@ from quant import HAVE_TORCHAO, KVScales, fp8_dyn_available, fp8_kv_cache, quant
 from rollout import RolloutConfig, RolloutEngine, decode, encode_prompts, generate, positions, prefill
 from runfiles import load_checkpoint
 from tools import gpu_check
-from calibrate import study_config
+from calibrate import TINY_EARLY, study_config
 from train import run
 
 from transformers import DynamicCache  # isort: skip
@@ -127,11 +127,12 @@ def test_fp8_dyn_rounds_like_fp8_emu(cuda_pair):
 
 @gpu
 def test_twenty_step_tiny_run_lowers_held_out_kl_and_its_checkpoint_loads_on_cpu(tmp_path):
-    """20 steps at the study's tiny settings (calibrate.STUDY_TRAIN: 64 prompts × 4 samples, lr 3e-4 constant,
-    warm-up 10) lower the held-out reverse KL on CUDA; the checkpoint the CUDA run writes loads on CPU."""
+    """20 steps at the settings of tiny's early budgets (calibrate.TINY_EARLY: 64 prompts × 4 samples,
+    lr 3e-4 constant, warm-up 10) lower the held-out reverse KL on CUDA; the checkpoint the CUDA run writes
+    loads on CPU."""
     cfg = study_config(
         "tiny",
-        steps=20,
+        **{**TINY_EARLY, "steps": 20},
         eval_every=20,
         eval_prompts=128,
         ckpt_every=0,

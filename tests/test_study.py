@@ -64,11 +64,17 @@ def test_report_reads_the_noise_gate_from_the_points_of_a_budget_that_predates_i
     """Two seeds of one near configuration, paired losses 0.01 and 0.03: sd = √(2 · 0.01²) = 0.01414,
     se = sd / √2 = 0.01, so a tolerance of 0.03 is 3 SE and one of 0.015 is 1.5 SE (under the gate)."""
     points = [{"source": "noise 0.1", "seed": s, "quality_loss": q} for s, q in ((0, 0.01), (1, 0.03))]
-    budget = {"points": points, "seeds": 2, "tolerance": {"nats": 0.03}}
+    budget = {"points": points, "seeds": 2, "tolerance": {"nats": 0.03}, "loss": "analytic"}
     assert "tolerance = 3.00 SE." in study_report.noise_line(budget)
     low = study_report.noise_line({**budget, "tolerance": {"nats": 0.015}})
     assert "tolerance = 1.50 SE: under the 2 SE" in low
     assert study_report.noise_line({**budget, "points": points[:1]}) == "", "one seed: no spread to read"
+    # stale runs near the tolerance (0.0, 0.06) widen the analytic pool; a sampled-token loss's gate leaves
+    # them out, as its fit does (they are judged on their own axis)
+    stale = [{"source": "staleness 2", "seed": s, "quality_loss": q} for s, q in ((0, 0.0), (1, 0.06))]
+    both = {**budget, "points": points + stale}
+    assert "tolerance = 3.00 SE." not in study_report.noise_line(both)
+    assert "tolerance = 3.00 SE." in study_report.noise_line({**both, "loss": "sampler"})
 
 
 def test_validation_table_counts_agreement_on_decided_verdicts_only():
@@ -141,11 +147,33 @@ def test_a_pairs_budgets_are_read_per_loss_tabled_and_overlaid(tmp_path):
     assert rows[0].startswith(f"| analytic | {analytic['budget']:.3g} |")
     assert rows[1].startswith(f"| sampled-tis2 | < {smallest:.2g} | — |")
     # each row sets the analytic budget refitted at its tolerance beside it: the analytic row its own
-    assert f"| 5%: {analytic['tolerance']['nats']:.4f} nats | {analytic['budget']:.3g} |" in rows[0]
-    looser = losses.refit(analytic, 0.2)
+    fraction = f"{analytic['tolerance']['fraction']:.0%}"
+    assert f"| {fraction}: {analytic['tolerance']['nats']:.4f} nats | {analytic['budget']:.3g} |" in rows[0]
+    looser = losses.refit(analytic, 1.5 * analytic["tolerance"]["fraction"])
     assert looser["how"] == "crossing" and looser["budget"] > analytic["budget"]  # a looser tolerance, later
     losses.plot_losses("tiny", budgets, tmp_path / "overlay.png")
     assert (tmp_path / "overlay.png").stat().st_size > 10_000
+
+
+def test_a_loss_is_compared_with_the_analytic_budget_trained_at_its_settings():
+    """A loss calibrated at other settings than the analytic budget is set beside an analytic calibration at
+    its own settings (a reference), never beside the other settings' budget."""
+    from study import losses
+
+    analytic = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
+    early = {**analytic, "steps": analytic["steps"] + 1, "budget": 2.0}
+    early["train_settings"] = {**analytic["train_settings"], "lr": analytic["train_settings"]["lr"] / 5}
+    early["points"] = [{**p, "mismatch": p["mismatch"] / 2} for p in analytic["points"]]
+    sampled = {**early, "loss": "sampled", "tis_cap": 2.0}
+    sampled["train_settings"] = {**early["train_settings"], "loss": "sampled", "tis_cap": 2.0}
+    budgets = [(Path("a.json"), analytic), (Path("s.json"), sampled)]
+    assert losses.analytic_like(sampled, [analytic]) is None
+    assert losses.analytic_like(sampled, [analytic, early]) is early
+    alone = losses.losses_table(budgets).splitlines()[3]
+    assert alone.split(" | ")[4] == "—"  # no analytic calibration at its settings
+    row = losses.losses_table(budgets, [(Path("r.json"), early)]).splitlines()[3]
+    fraction = sampled["tolerance"]["fraction"]
+    assert row.split(" | ")[4] == losses.budget_text({**early, **losses.refit(early, fraction)})
 
 
 def test_drift_compares_each_window_of_training_mismatch_with_the_probe_measurement(tmp_path, monkeypatch):
@@ -201,4 +229,29 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
     assert noises == [0.018, 0.025, 0.035, 0.043, 0.057, 0.071, 0.11, 0.14] and len(candidates) >= 12
     assert all("noise" not in over for _, over in candidates[: len(candidates) - 8])
     assert ("staleness 1", {"staleness": 1}) in candidates  # the mildest real staleness
-    assert validate.candidates_for("tiny", {**budget, "loss": "analytic"}) == validate.VALIDATION["tiny"]
+    analytic = validate.candidates_for("tiny", {**budget, "loss": "analytic", "budget": 0.04})
+    # the pair's list, then noise at 0.75× and 1.3× the budget (σ = √0.03, √0.052): two within ±30%
+    near = [("noise 0.17", {"noise": 0.17}), ("noise 0.23", {"noise": 0.23})]
+    assert analytic == validate.VALIDATION["tiny"] + near
+    smollm2 = validate.candidates_for("smollm2", {**budget, "loss": "analytic"})
+    assert smollm2 == validate.VALIDATION["smollm2"]  # two of its list's noises lie within ±30% already
+    # a σ the list already holds is not added twice: 0.75 × 0.0533 = 0.04 -> σ 0.2, the list's "noise 0.2"
+    assert [c for c, _ in validate.candidates_for("tiny", {**budget, "loss": "analytic", "budget": 0.0533})
+            ].count("noise 0.2") == 1
+
+
+def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
+    """A committed budget's recorded command reproduces it: its train_settings and steps are what
+    calibrate.study_config gives its pair and loss today (STUDY_TRAIN, or STUDY_TRAIN_BY_LOSS)."""
+    from budget import read_budget
+    from calibrate import study_config, train_settings
+
+    paths = sorted((ROOT / "budgets").glob("*/budget.json")) + sorted(
+        (ROOT / "budgets").glob("*/*/budget.json")
+    )
+    assert len(paths) >= 5
+    for path in paths:
+        b = read_budget(path, None)
+        loss = {"loss": b["loss"], "tis_cap": b["tis_cap"]}
+        assert b["train_settings"] == train_settings(b["pair"], **loss), path
+        assert b["steps"] == study_config(b["pair"], **loss).steps, path
