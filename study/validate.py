@@ -57,12 +57,18 @@ VALIDATION = {
 }
 
 
-# noise candidates of a sampled-loss validation, at these × the budget: two within ±30% of it, and one a
-# factor 2, 4 and 8 away on each side, where check should be right
-NEAR_BUDGET = (0.125, 0.25, 0.5, 0.75, 1.3, 2.0, 4.0, 8.0)
-# real candidates a sampled-loss validation adds: a sampled loss breaks at far smaller mismatch, where the
-# mildest staleness already sits (tiny's list has staleness 1 only with noise)
-SAMPLED_REAL = {"tiny": [("staleness 1", {"staleness": 1})], "smollm2": []}
+# noise candidates of a sampled-loss validation, at these × the budget: two within ±30% of it, and others a
+# factor 2 to 8 away on each side, where check should be right. smollm2's sampled runs take about 270 s each
+# on 2 cores, so its list is the four nearest the budget's edges and the ends (8 candidates × 2 seeds ≈ 80 min)
+NEAR_BUDGET = {"tiny": (0.125, 0.25, 0.5, 0.75, 1.3, 2.0, 4.0, 8.0), "smollm2": (0.25, 0.75, 1.3, 4.0)}
+# real candidates of a sampled-loss validation: the pair's list without noise, plus (tiny) the mildest
+# staleness, where a sampled loss already breaks (tiny's list has staleness 1 only with noise); smollm2's are
+# one of each kind (FP8 weights real and emulated, FP8 KV, staleness 1)
+SAMPLED_REAL = {
+    "tiny": [label for label, over in VALIDATION["tiny"] if "noise" not in over] + ["staleness 1"],
+    "smollm2": ["kv-fp8 unit scales", "staleness 1", "fp8 recipe", "fp8-emu"],
+}
+EXTRA_REAL = {"staleness 1": {"staleness": 1}}
 
 
 def noise_for(budget: dict, target: float) -> float:
@@ -92,16 +98,16 @@ ANALYTIC_NEAR = {"tiny": (0.75, 1.3), "smollm2": ()}
 def candidates_for(pair_name: str, budget: dict) -> list[tuple[str, dict]]:
     """The analytic loss: the pair's VALIDATION list and noise at ANALYTIC_NEAR × its budget. A sampled
     loss, whose budget lies far below the analytic one: the list's configurations without noise,
-    SAMPLED_REAL, and noise at NEAR_BUDGET × its budget."""
+    SAMPLED_REAL's configurations, and noise at NEAR_BUDGET × its budget."""
     if budget["how"] != "crossing":
         return VALIDATION[pair_name]
     if budget["loss"] == "analytic":
         listed = {over.get("noise") for _, over in VALIDATION[pair_name]}  # one candidate per σ
         sigmas = sorted({noise_for(budget, f * budget["budget"]) for f in ANALYTIC_NEAR[pair_name]} - listed)
         return VALIDATION[pair_name] + [(f"noise {s:g}", {"noise": s}) for s in sigmas]
-    real = [(label, over) for label, over in VALIDATION[pair_name] if "noise" not in over]
-    real += SAMPLED_REAL[pair_name]
-    sigmas = sorted({noise_for(budget, f * budget["budget"]) for f in NEAR_BUDGET})
+    listed = {**dict(VALIDATION[pair_name]), **EXTRA_REAL}
+    real = [(label, listed[label]) for label in SAMPLED_REAL[pair_name]]
+    sigmas = sorted({noise_for(budget, f * budget["budget"]) for f in NEAR_BUDGET[pair_name]})
     return real + [(f"noise {s:g}", {"noise": s}) for s in sigmas]
 
 
