@@ -59,7 +59,8 @@ VALIDATION = {
 
 # noise candidates of a sampled-loss validation, at these × the budget: two within ±30% of it, and others a
 # factor 2 to 8 away on each side, where check should be right. smollm2's sampled runs take about 270 s each
-# on 2 cores, so its list is the four nearest the budget's edges and the ends (8 candidates × 2 seeds ≈ 80 min)
+# on 2 cores, so its list is the four nearest the budget's edges and the ends (8 candidates × 2 seeds,
+# about 80 min)
 NEAR_BUDGET = {"tiny": (0.125, 0.25, 0.5, 0.75, 1.3, 2.0, 4.0, 8.0), "smollm2": (0.25, 0.75, 1.3, 4.0)}
 # real candidates of a sampled-loss validation: the pair's list without noise, plus (tiny) the mildest
 # staleness, where a sampled loss already breaks (tiny's list has staleness 1 only with noise); smollm2's are
