@@ -212,11 +212,12 @@ def validation_table(result: dict) -> str:
             f"| {r['verdict']} | "
             f"{r['train_mismatch']:.3g} | {r['quality_loss']:+.4f} | {r['outcome']} | {agree} |"
         )
+    agree_n = sum(r["agree"] is True for r in result["rows"])
     agreement = "n/a" if result["agreement"] is None else f"{result['agreement']:.0%}"
     lines.append(
         f"\nBudget {result['budget']:.3g} nats/token ({result['budget_how']}), "
-        f"tolerance {result['tolerance_nats']:.4f} nats; "
-        f"agreement on decided verdicts: {agreement} ({result['decided']} of {len(result['rows'])} decided); "
+        f"tolerance {result['tolerance_nats']:.4f} nats; agreement on decided verdicts: {agreement} "
+        f"({agree_n} of {result['decided']}; {result['decided']} of {len(result['rows'])} candidates decided); "
         f"{result['steps']} steps × {result['seeds']} seeds per run; "
         f"checks of at most {result['probes']} probes; {result['device']}."
     )

@@ -123,7 +123,7 @@ def test_validation_table_counts_agreement_on_decided_verdicts_only():
         "device": "CPU",
     }
     table = validate.validation_table(json.loads(json.dumps(result)))
-    assert "agreement on decided verdicts: 100% (2 of 3 decided)" in table
+    assert "agreement on decided verdicts: 100% (2 of 2; 2 of 3 candidates decided)" in table
     assert "checks of at most 64 probes" in table
     assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(
         rows
