@@ -217,7 +217,8 @@ def validation_table(result: dict) -> str:
     lines.append(
         f"\nBudget {result['budget']:.3g} nats/token ({result['budget_how']}), "
         f"tolerance {result['tolerance_nats']:.4f} nats; agreement on decided verdicts: {agreement} "
-        f"({agree_n} of {result['decided']}; {result['decided']} of {len(result['rows'])} candidates decided); "
+        f"({agree_n} of {result['decided']}; "
+        f"{result['decided']} of {len(result['rows'])} candidates decided); "
         f"{result['steps']} steps × {result['seeds']} seeds per run; "
         f"checks of at most {result['probes']} probes; {result['device']}."
     )
