@@ -422,10 +422,10 @@ def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
 
 
 def test_a_budget_holds_for_its_loss_only(tmp_path):
-    """Calibrated for tinker's estimator (sampler advantage, uncapped IS): the committed budget says so, a check
-    without --loss gives a verdict for that loss, and a check for another loss is refused with one line. (A live
-    calibration of this loss needs more steps than a test can run: at its 400-step schedule the baseline gets
-    worse over the first 40.)"""
+    """Calibrated for tinker's estimator (sampler advantage, uncapped IS): the committed budget says so, a
+    check without --loss gives a verdict for that loss, and a check for another loss is refused with one line.
+    (A live calibration of this loss needs more steps than a test can run: at its 400-step schedule the
+    baseline gets worse over the first 40.)"""
     out = tmp_path / "tiny-sampler-is"
     out.mkdir()
     (out / "budget.json").write_bytes((ROOT / "budgets" / "tiny" / "sampler-is" / "budget.json").read_bytes())
