@@ -2,9 +2,10 @@
 
 check  Measures a candidate configuration's canonical mismatch on held-out probe prompts (in doubling
        batches, FIRST_PROBES first, until the interval decides), with a bootstrap confidence interval
-       [lo, hi], and compares it with the budget B that `calibrate.py` fitted:
-           admit      if hi < B
-           reject     if lo > B
+       [lo, hi], and compares it with the budget B that `calibrate.py` fitted and its own 95% interval
+       [B_lo, B_hi] over the calibration's seeds:
+           admit      if hi < B_lo
+           reject     if lo > B_hi
            uncertain  otherwise, with the number of extra probes likely to settle it.
        Or reads another system's log dump (dumps.py) and judges its k3 or top-k estimate the same way.
 
@@ -49,25 +50,47 @@ from train import trajectory
 
 
 def verdict(
-    lo: float, hi: float, mean: float, budget: float, n_probes: int, available: int | None = None
+    lo: float,
+    hi: float,
+    mean: float,
+    budget: float,
+    n_probes: int,
+    available: int | None = None,
+    band: tuple[float, float] | None = None,
 ) -> dict:
-    """admit if hi < budget, reject if lo > budget, else uncertain with an estimate of the probes needed.
+    """admit if hi < B_lo, reject if lo > B_hi, else uncertain with an estimate of the probes needed.
 
-    The interval's half-width shrinks like 1/sqrt(n); it must shrink below |mean − budget| to decide:
-        n_needed ≈ n · (half-width / |mean − budget|)², extra = n_needed − n,
+    [B_lo, B_hi] is `band`, the budget's own interval (default [budget, budget]): a candidate whose mismatch
+    the calibration cannot place on one side of the budget is not decided by more probes. Otherwise the
+    interval's half-width shrinks like 1/sqrt(n) and must shrink below the gap to the nearer edge:
+        n_needed ≈ n · (half-width / gap)², extra = n_needed − n,
     and never more than the `available` probes that remain (None: no limit known).
     """
-    if hi < budget:
-        return {"verdict": "admit", "reason": f"upper bound {hi:.3e} < budget {budget:.3e}"}
-    if lo > budget:
-        return {"verdict": "reject", "reason": f"lower bound {lo:.3e} > budget {budget:.3e}"}
-    half, gap = (hi - lo) / 2, abs(mean - budget)
-    extra = math.ceil(n_probes * (half / gap) ** 2) - n_probes if gap > 0 else None
+    b_lo, b_hi = band or (budget, budget)
+    if hi < b_lo:
+        return {"verdict": "admit", "reason": f"upper bound {hi:.3e} < {edge(budget, b_lo, 'lower')}"}
+    if lo > b_hi:
+        return {"verdict": "reject", "reason": f"lower bound {lo:.3e} > {edge(budget, b_hi, 'upper')}"}
     reason = f"interval [{lo:.3e}, {hi:.3e}] contains budget {budget:.3e}"
-    if extra is not None and available is not None and extra > available - n_probes:
+    if b_lo < b_hi:
+        reason = f"interval [{lo:.3e}, {hi:.3e}] overlaps the budget's 95% interval [{b_lo:.3e}, {b_hi:.3e}]"
+    if b_lo <= mean <= b_hi:  # inside the budget's own uncertainty (or on it): probes cannot decide
+        if b_lo < b_hi:
+            reason += "; the mean lies inside it, where more calibration seeds, not probes, would decide"
+        return {"verdict": "uncertain", "reason": reason, "extra_probes": None}
+    half, gap = (hi - lo) / 2, (b_lo - mean if mean < b_lo else mean - b_hi)
+    extra = math.ceil(n_probes * (half / gap) ** 2) - n_probes
+    if available is not None and extra > available - n_probes:
         reason += f"; it would take about {extra} more probes and only {available - n_probes} remain"
         extra = None
     return {"verdict": "uncertain", "reason": reason, "extra_probes": extra}
+
+
+def edge(budget: float, end: float, which: str) -> str:
+    """How a verdict's reason names the threshold: the budget itself, or an end of its interval."""
+    if end == budget:
+        return f"budget {budget:.3e}"
+    return f"{end:.3e}, the {which} end of budget {budget:.3e}'s 95% interval"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -116,25 +139,49 @@ def what_it_buys(student, cfg: RolloutConfig) -> dict:
     }
 
 
+def budget_band(budget: dict) -> tuple[float, float]:
+    """The budget's own 95% interval [B_lo, B_hi] over the calibration's seeds (calibrate.budget_ci), which
+    the verdict decides against: B_hi is +inf where the interval reaches above the largest mismatch tried,
+    and for a lower-bound budget ("all-within": no calibration run lost quality). A budget fitted to one
+    seed, or written before the interval was recorded, is its own interval."""
+    b, ci = budget["budget"], budget.get("budget_ci") or {}
+    b_lo = min(b, ci["lo"]) if ci.get("lo") is not None else b
+    b_hi = max(b, ci["hi"]) if ci.get("hi") is not None else (math.inf if ci else b)
+    return b_lo, math.inf if budget["how"] == "all-within" else b_hi
+
+
+def json_band(budget: dict) -> list:
+    """budget_band for a result's JSON: [B_lo, B_hi], B_hi None where open above."""
+    b_lo, b_hi = budget_band(budget)
+    return [b_lo, None if b_hi == math.inf else b_hi]
+
+
 def beyond_lower_bound(budget: dict, m: dict) -> bool:
-    """True when the budget is only a lower bound and the whole CI lies above it: uncertain whatever more
-    probes show, so probing stops."""
-    return budget["how"] == "all-within" and m["ci_low"] > budget["budget"]
+    """True when the budget's interval is open above and the whole CI lies above its lower end: uncertain
+    whatever more probes show, so probing stops."""
+    b_lo, b_hi = budget_band(budget)
+    return b_hi == math.inf and m["ci_low"] > b_lo
 
 
 def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
-    """verdict() on a measurement, where a lower-bound budget ("all-within") can never reject."""
+    """verdict() on a measurement against the budget's interval, which can never reject where it is open
+    above (a lower-bound budget, or a crossing some seeds put beyond the grid)."""
+    band = budget_band(budget)
     decision = verdict(
-        m["ci_low"], m["ci_high"], m["mismatch_kl"], budget=budget["budget"], n_probes=n, available=available
+        m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], n, available=available, band=band
     )
-    if beyond_lower_bound(budget, m):  # verdict() said reject: lo > budget
-        # No calibration point lost quality, so the budget is only a lower bound: beyond it we do not know.
+    if beyond_lower_bound(budget, m):
+        where = (
+            "the largest calibrated mismatch, where no run lost quality"
+            if budget["how"] == "all-within"
+            else "the lower end of the budget's interval, which some seeds put beyond the largest mismatch "
+            "calibrated"
+        )
         decision = {
             "verdict": "uncertain",
             "extra_probes": None,
-            "reason": f"lower bound {m['ci_low']:.3e} is beyond the largest calibrated mismatch "
-            f"{budget['budget']:.3e}, where no run lost quality: no number of probes can reject; "
-            "calibrate with larger mismatch to decide",
+            "reason": f"lower bound {m['ci_low']:.3e} is beyond {where} ({band[0]:.3e}): no number of "
+            "probes can reject; calibrate with larger mismatch to decide",
         }
     return decision
 
@@ -234,6 +281,7 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_se
         **with_stale_axis(judge(budget, m, n, available=cap), stale_axis(budget, cfg.staleness)),
         **m,
         "budget": budget["budget"],
+        "budget_interval": json_band(budget),
         "probes": n,
         "probe_cap": cap,
         "noise_draws": draws if cfg.noise > 0 else 0,
@@ -274,6 +322,7 @@ def judge_steps(budget: dict, fmt: str, steps: list, spec: str | None) -> dict:
         **decision,
         **m,
         "budget": budget["budget"],
+        "budget_interval": json_band(budget),
         "format": fmt,
         "steps": [s.step for s in chosen],
         "per_step": per_step,

@@ -148,6 +148,12 @@ def coverage_rule(result: dict) -> str:
     return f"{need} Interval: {result['coverage_rule']}."
 
 
+def band(result: dict) -> str:
+    """The budget's 95% interval as the report prints it; an open upper end reads "beyond the grid"."""
+    b_lo, b_hi = result["budget_interval"]
+    return f"[{b_lo:.3e}, {'beyond the grid' if b_hi is None else f'{b_hi:.3e}'}]"
+
+
 def report(result: dict, tops: list[dict], command: str, figure: str) -> str:
     """report.md: the verdict, the estimator, the coverage rule, the per-step table and the command."""
     lines = [
@@ -156,13 +162,13 @@ def report(result: dict, tops: list[dict], command: str, figure: str) -> str:
         f"{result['reason']}.",
         "",
         f"- mismatch {result['mismatch_kl']:.3e} nats/token, 95% CI [{result['ci_low']:.3e}, "
-        f"{result['ci_high']:.3e}], budget {result['budget']:.3e}",
+        f"{result['ci_high']:.3e}], budget {result['budget']:.3e} (its 95% interval {band(result)})",
         f"- read as `{result['format']}`: {result['tokens']} tokens in {result['sequences']} sequences, "
         f"steps {', '.join(map(str, result['steps']))}",
         f"- estimator: {result['estimator']}",
         f"- coverage rule: {coverage_rule(result)}",
-        "- verdict rule: admit if the CI's upper end < budget, reject if its lower end > budget, "
-        "else uncertain",
+        "- verdict rule: admit if the CI's upper end < the budget interval's lower end, reject if the CI's "
+        "lower end > the budget interval's upper end, else uncertain",
         "",
         f"![audit]({figure})",
         "",

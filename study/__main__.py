@@ -81,6 +81,11 @@ def build_parser() -> Parser:
         default=64,
         help="most probe prompts for each check (default: %(default)s)",
     )
+    v.add_argument(
+        "--reuse",
+        help="a results/validation_*.json of the same budget: its training runs are taken as recorded and "
+        "only the checks run again",
+    )
     for name, helptext, seeds in (
         ("rl", "OPD vs GRPO (tiny); seeds beyond the first only for study.opd_vs_rl.RL_SPREAD", 3),
         ("prefix", "per-token vs prefix shift, with and without TIS (tiny)", 3),
@@ -124,9 +129,8 @@ def main(argv=None) -> None:
             return run_coverage(args, device)
         if args.cmd == "validate":
             budget = Path(args.budget or f"budgets/{args.pair}/budget.json")
-            print(
-                validation_table(validate(args.pair, budget, args.seeds, probes=args.probes, device=device))
-            )
+            reuse = Path(args.reuse) if args.reuse else None
+            print(validation_table(validate(args.pair, budget, args.seeds, args.probes, device, reuse=reuse)))
         elif args.cmd == "rl":
             print(rl_table(rl(args.seeds, device)))
         elif args.cmd == "prefix":

@@ -20,14 +20,26 @@ def slug(label: str) -> str:
 
 
 def sweep(
-    out: Path, pair: str, plan: list[tuple[str, dict, dict]], seeds: int, device: str, desc: str, **common
+    out: Path,
+    pair: str,
+    plan: list[tuple[str, dict, dict]],
+    seeds: int,
+    device: str,
+    desc: str,
+    recorded: dict | None = None,
+    **common,
 ) -> list[dict]:
-    """Run (or reuse) every (label, TrainConfig overrides, RolloutConfig overrides) × seed; one point each."""
+    """Run (or reuse) every (label, TrainConfig overrides, RolloutConfig overrides) × seed; one point each.
+    A (label, seed) in `recorded` (a committed result's points, same settings) is taken from it, marked
+    "reused", instead of trained again."""
     jobs = [
         (label, train_over, roll_over, seed) for label, train_over, roll_over in plan for seed in range(seeds)
     ]
     points = []
     for label, train_over, roll_over, seed in tqdm(jobs, desc=desc, unit="run"):
+        if old := (recorded or {}).get((label, seed)):
+            points.append({**old, "reused": True})
+            continue
         run = short_run(
             out,
             pair,

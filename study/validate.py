@@ -8,6 +8,7 @@ Agreement = admit & within, or reject & beyond; uncertain verdicts are counted a
     python -m study validate --pair tiny
 """
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -137,7 +138,32 @@ def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -
     return rows
 
 
-def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device: str) -> dict:
+def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> dict:
+    """The training points of a recorded validation of this same budget (pair, loss, budget and steps),
+    by (candidate, seed), for `validate --reuse`: the checks run again, the training runs are taken as
+    recorded."""
+    if not path.is_file():
+        raise BadInput(f"--reuse {path}: no such file")
+    try:
+        record = json.loads(path.read_text())
+        points = record["points"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"--reuse {path}: not a validation record ({type(e).__name__}: {e})") from None
+    wanted = {"pair": pair_name, "loss": label, "budget": budget["budget"], "steps": budget["steps"]}
+    for key, value in wanted.items():
+        if record.get(key) != value:
+            raise BadInput(
+                f"--reuse {path}: {key} is {record.get(key)!r}, the budget's validation has {value!r}; "
+                "only a validation of the same budget can be reused"
+            )
+    return {
+        (p["label"], p["seed"]): {k: v for k, v in p.items() if not k.startswith("delta_")} for p in points
+    }
+
+
+def validate(
+    pair_name: str, budget_path: Path, seeds: int, probes: int, device: str, reuse: Path | None = None
+) -> dict:
     if pair_name not in VALIDATION:
         raise BadInput(f"--pair {pair_name}: no validation candidates; choose from {', '.join(VALIDATION)}")
     budget = read_budget(budget_path, pair_name)
@@ -154,6 +180,7 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
         "tis_cap": budget["tis_cap"],
     }  # the validation trains with the budget's loss
     suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
+    recorded = reused_validation(reuse, pair_name, budget, loss_label(**loss)) if reuse else None
     candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
     # the validation trains as the calibration did: the budget's recorded settings, loss included
@@ -170,6 +197,7 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
         seeds=seeds,
         device=device,
         desc="training",
+        recorded=recorded,
         steps=budget["steps"],
         eval_every=0,
         **settings,
@@ -178,6 +206,7 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
     tol = budget["tolerance"]["nats"]
     rows = agreement_rows(candidates, points, verdicts, tol=tol)
     decided = [r for r in rows if r["agree"] is not None]
+    reused = sum(bool(p.get("reused")) for p in points)
     result = {
         "pair": pair_name,
         "loss": loss_label(**loss),
@@ -192,6 +221,7 @@ def validate(pair_name: str, budget_path: Path, seeds: int, probes: int, device:
         "points": points,
         "decided": len(decided),
         "agreement": sum(r["agree"] for r in decided) / len(decided) if decided else None,
+        **({"reused": {"from": str(reuse), "points": reused}} if reuse else {}),
     }
     write(f"validation_{pair_name}{suffix}", result)
     return result

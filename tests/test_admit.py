@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from admit import verdict
+from admit import budget_band, judge, verdict
 from budget import SCHEMA_VERSION
 from calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd, refuse_noise
 
@@ -178,6 +178,40 @@ def test_check_never_admits_above_the_budget():
             assert v == "reject"
         if hi < budget:
             assert v == "admit"
+
+
+def test_the_verdict_decides_against_the_budgets_own_interval():
+    rng = random.Random(1)
+    for _ in range(5000):
+        lo = rng.uniform(0, 1)
+        hi = lo + rng.uniform(0, 1)
+        mean = rng.uniform(lo, hi)
+        b_lo = rng.uniform(0, 2)
+        budget = b_lo + rng.uniform(0, 0.5)
+        b_hi = budget + rng.uniform(0, 0.5)
+        v = verdict(lo, hi, mean, budget, 64, band=(b_lo, b_hi))
+        assert v["verdict"] == ("admit" if hi < b_lo else "reject" if lo > b_hi else "uncertain")
+        if v["verdict"] == "uncertain" and b_lo <= mean <= b_hi:
+            assert v["extra_probes"] is None, "inside the budget's interval more probes cannot decide"
+    # a candidate above the point budget but inside its interval is not rejected
+    assert verdict(1.1, 1.3, 1.2, 1.0, 64)["verdict"] == "reject"
+    v = verdict(1.1, 1.3, 1.2, 1.0, 64, band=(0.9, 1.5))
+    assert v["verdict"] == "uncertain" and "calibration seeds" in v["reason"]
+    assert verdict(1.6, 1.8, 1.7, 1.0, 64, band=(0.9, 1.5))["verdict"] == "reject"
+    v = verdict(0.5, 0.95, 0.7, 1.0, 64, band=(0.9, 1.5))  # below the interval: probes can decide
+    assert v["verdict"] == "uncertain" and v["extra_probes"] == math.ceil(64 * (0.225 / 0.2) ** 2) - 64
+
+
+def test_a_budget_open_above_never_rejects():
+    ci = {"lo": 0.8, "hi": None}
+    crossing = {"budget": 1.0, "how": "crossing", "budget_ci": ci}
+    assert budget_band(crossing) == (0.8, math.inf)
+    assert budget_band({**crossing, "budget_ci": None}) == (1.0, 1.0), "one seed: the point alone"
+    assert budget_band({**crossing, "how": "all-within", "budget_ci": None}) == (1.0, math.inf)
+    far = {"mismatch_kl": 50.0, "ci_low": 40.0, "ci_high": 60.0}
+    v = judge(crossing, far, 64, available=64)
+    assert v["verdict"] == "uncertain" and "beyond the lower end" in v["reason"]
+    assert judge(crossing, {"mismatch_kl": 0.5, "ci_low": 0.4, "ci_high": 0.6}, 64, 64)["verdict"] == "admit"
 
 
 def test_uncertain_estimates_extra_probes():

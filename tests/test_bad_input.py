@@ -51,6 +51,8 @@ def write_fixtures(root: Path) -> None:
     (root / "v1_budget.json").write_text(json.dumps({**GOOD_BUDGET, "schema_version": 1}))
     (root / "smollm2_budget.json").write_text(json.dumps({**GOOD_BUDGET, "pair": "smollm2"}))
     (root / "bad_how.json").write_text(json.dumps({**GOOD_BUDGET, "how": "guess"}))
+    (root / "steps_budget.json").write_text(json.dumps({**GOOD_BUDGET, "steps": 2}))
+    (root / "smollm2_validation.json").write_text(json.dumps({"pair": "smollm2", "points": []}))
     (root / "empty.jsonl").write_text("")
     (root / "lengths.jsonl").write_text(
         json.dumps({"engine_logprobs": [-1.0, -2.0], "train_logprobs": [-1.0]}) + "\n"
@@ -334,6 +336,12 @@ OTHERS = [
     ("study.__main__", ["validate", "--pair", "nope"], "--pair"),
     ("study.__main__", ["validate", "--pair", "gemma3"], "gemma3"),
     ("study.__main__", ["validate", "--budget", "missing.json"], "missing.json"),
+    ("study.__main__", ["validate", "--budget", "steps_budget.json", "--reuse", "missing.json"], "--reuse"),
+    (
+        "study.__main__",
+        ["validate", "--budget", "steps_budget.json", "--reuse", "smollm2_validation.json"],
+        "pair is 'smollm2'",
+    ),
     ("study.__main__", ["sources", "--probes", "0"], "--probes"),
     ("study.__main__", ["sensitivity", "--weights", "bf16"], "--weights"),
     ("study.__main__", ["sensitivity", "--out", "afile"], "afile"),

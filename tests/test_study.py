@@ -3,6 +3,10 @@
 import json
 from pathlib import Path
 
+import pytest
+
+from cli import BadInput
+from study import common
 from study import coverage as study_coverage
 from study import report as study_report
 from study import time_to_quality, validate
@@ -255,3 +259,23 @@ def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
         loss = {"loss": b["loss"], "tis_cap": b["tis_cap"]}
         assert b["train_settings"] == train_settings(b["pair"], **loss), path
         assert b["steps"] == study_config(b["pair"], **loss).steps, path
+
+
+def test_validate_reuse_takes_a_recorded_validations_runs_and_trains_nothing(tmp_path):
+    """validate --reuse: the recorded validation of the same budget gives the training points, so only the
+    checks run again; a record of another budget is refused."""
+    budget = json.loads((ROOT / "budgets/tiny/budget.json").read_text())
+    record = json.loads((ROOT / "results/validation_tiny.json").read_text())
+    recorded = validate.reused_validation(ROOT / "results/validation_tiny.json", "tiny", budget, "analytic")
+    labels = ["baseline"] + [label for label, _ in validate.candidates_for("tiny", budget)]
+    assert {(label, seed) for label in labels for seed in range(record["seeds"])} <= set(recorded)
+    plan = [(label, {}, {}) for label in labels]
+    points = common.sweep(
+        tmp_path / "runs", "tiny", plan, seeds=record["seeds"], device="cpu", desc="t", recorded=recorded
+    )
+    assert all(p["reused"] for p in points) and not (tmp_path / "runs").exists(), "nothing trained"
+    with pytest.raises(BadInput, match="budget is"):
+        validate.reused_validation(
+            ROOT / "results/validation_tiny.json", "tiny", {**budget, "budget": 1.0}, "analytic"
+        )
+

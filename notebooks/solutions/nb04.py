@@ -13,11 +13,11 @@ def my_isotonic(y):
     return [v for v, c in blocks for _ in range(c)]
 
 
-def my_verdict(lo, hi, budget):
-    """admit if hi < B, reject if lo > B, else uncertain."""
-    if hi < budget:
+def my_verdict(lo, hi, b_lo, b_hi):
+    """admit if hi < B_lo, reject if lo > B_hi, else uncertain."""
+    if hi < b_lo:
         return "admit"
-    if lo > budget:
+    if lo > b_hi:
         return "reject"
     return "uncertain"
 
