@@ -138,10 +138,10 @@ def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -
     return rows
 
 
-def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> dict:
+def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> tuple[dict, str]:
     """The training points of a recorded validation of this same budget (pair, loss, budget and steps),
     by (candidate, seed), for `validate --reuse`: the checks run again, the training runs are taken as
-    recorded."""
+    recorded. Also the device the record's runs trained on."""
     if not path.is_file():
         raise BadInput(f"--reuse {path}: no such file")
     try:
@@ -156,9 +156,11 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> d
                 f"--reuse {path}: {key} is {record.get(key)!r}, the budget's validation has {value!r}; "
                 "only a validation of the same budget can be reused"
             )
-    return {
+    by_run = {
         (p["label"], p["seed"]): {k: v for k, v in p.items() if not k.startswith("delta_")} for p in points
     }
+    earlier = record.get("reused") or {}  # a record that itself reused runs: where they trained
+    return by_run, str(earlier.get("trained_on") or record.get("device"))
 
 
 def validate(
@@ -180,7 +182,9 @@ def validate(
         "tis_cap": budget["tis_cap"],
     }  # the validation trains with the budget's loss
     suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
-    recorded = reused_validation(reuse, pair_name, budget, loss_label(**loss)) if reuse else None
+    recorded, trained_on = ({}, "")
+    if reuse:
+        recorded, trained_on = reused_validation(reuse, pair_name, budget, loss_label(**loss))
     candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
     # the validation trains as the calibration did: the budget's recorded settings, loss included
@@ -221,7 +225,7 @@ def validate(
         "points": points,
         "decided": len(decided),
         "agreement": sum(r["agree"] for r in decided) / len(decided) if decided else None,
-        **({"reused": {"from": str(reuse), "points": reused}} if reuse else {}),
+        **({"reused": {"from": str(reuse), "points": reused, "trained_on": trained_on}} if reuse else {}),
     }
     write(f"validation_{pair_name}{suffix}", result)
     return result
@@ -252,6 +256,11 @@ def validation_table(result: dict) -> str:
         f"{result['steps']} steps × {result['seeds']} seeds per run; "
         f"checks of at most {result['probes']} probes; {result['device']}."
     )
+    if reused := result.get("reused"):
+        lines[-1] += (
+            f" The {reused['points']} training runs are those of {reused['from']} (trained on "
+            f"{reused['trained_on']}); only the checks ran again."
+        )
     return "\n".join(lines)
 
 

@@ -266,7 +266,10 @@ def test_validate_reuse_takes_a_recorded_validations_runs_and_trains_nothing(tmp
     checks run again; a record of another budget is refused."""
     budget = json.loads((ROOT / "budgets/tiny/budget.json").read_text())
     record = json.loads((ROOT / "results/validation_tiny.json").read_text())
-    recorded = validate.reused_validation(ROOT / "results/validation_tiny.json", "tiny", budget, "analytic")
+    recorded, trained_on = validate.reused_validation(
+        ROOT / "results/validation_tiny.json", "tiny", budget, "analytic"
+    )
+    assert trained_on == record.get("reused", {}).get("trained_on", record["device"]), "where the runs trained"
     labels = ["baseline"] + [label for label, _ in validate.candidates_for("tiny", budget)]
     assert {(label, seed) for label in labels for seed in range(record["seeds"])} <= set(recorded)
     plan = [(label, {}, {}) for label in labels]
