@@ -150,6 +150,7 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise BadInput(f"--reuse {path}: not a validation record ({type(e).__name__}: {e})") from None
     wanted = {"pair": pair_name, "loss": label, "budget": budget["budget"], "steps": budget["steps"]}
+    record.setdefault("loss", "analytic")  # a record from before validations named their loss
     for key, value in wanted.items():
         if record.get(key) != value:
             raise BadInput(
