@@ -662,9 +662,12 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--steps",
         type=positive_int,
-        help="OPD steps per run (default: the study's, " + ", ".join(
-            f"{study_config(p).steps} {p}" for p in PAIRS) + "; " + ", ".join(
-            f"{s['steps']} {p} {label}" for (p, label), s in STUDY_TRAIN_BY_LOSS.items()) + ")",
+        help="OPD steps per run (default: the study's, "
+        + "; ".join(
+            [", ".join(f"{study_config(p).steps} {p}" for p in PAIRS)]
+            + [f"{s['steps']} {p} {label}" for (p, label), s in STUDY_TRAIN_BY_LOSS.items()]
+        )
+        + ")",
     )
     parser.add_argument(
         "--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)"

@@ -164,32 +164,19 @@ def test_a_stale_candidate_against_a_sampled_token_budget_is_judged_on_the_stale
     assert fit_points(budget["points"], "analytic") == budget["points"]
 
 
-def test_check_never_admits_above_the_budget():
-    rng = random.Random(0)
-    for _ in range(5000):
-        lo = rng.uniform(0, 1)
-        hi = lo + rng.uniform(0, 1)
-        mean = rng.uniform(lo, hi)
-        budget = rng.uniform(0, 2)
-        v = verdict(lo, hi, mean, budget, 64)["verdict"]
-        if hi > budget:
-            assert v != "admit"
-        if lo > budget:
-            assert v == "reject"
-        if hi < budget:
-            assert v == "admit"
-
-
 def test_the_verdict_decides_against_the_budgets_own_interval():
+    """Never admits unless the whole CI lies below the budget's interval; a point budget (no band, or a band
+    of width 0, half the draws) is its own interval."""
     rng = random.Random(1)
-    for _ in range(5000):
+    for i in range(10000):
         lo = rng.uniform(0, 1)
         hi = lo + rng.uniform(0, 1)
         mean = rng.uniform(lo, hi)
         b_lo = rng.uniform(0, 2)
-        budget = b_lo + rng.uniform(0, 0.5)
-        b_hi = budget + rng.uniform(0, 0.5)
-        v = verdict(lo, hi, mean, budget, 64, band=(b_lo, b_hi))
+        budget = b_lo + rng.uniform(0, 0.5) * (i % 2)
+        b_hi = budget + rng.uniform(0, 0.5) * (i % 2)
+        band = (b_lo, b_hi) if i % 4 else None
+        v = verdict(lo, hi, mean, budget, 64, band=band)
         assert v["verdict"] == ("admit" if hi < b_lo else "reject" if lo > b_hi else "uncertain")
         if v["verdict"] == "uncertain" and b_lo <= mean <= b_hi:
             assert v["extra_probes"] is None, "inside the budget's interval more probes cannot decide"
