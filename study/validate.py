@@ -164,24 +164,21 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
     return by_run, str(earlier.get("trained_on") or record.get("device"))
 
 
-def validate(
-    pair_name: str, budget_path: Path, seeds: int, probes: int, device: str, reuse: Path | None = None
-) -> dict:
+def validation_budget(pair_name: str, budget_path: Path) -> tuple[dict, dict]:
+    """The budget a validation checks against, and the loss (loss, tis_cap) it trains with: the budget's."""
     if pair_name not in VALIDATION:
         raise BadInput(f"--pair {pair_name}: no validation candidates; choose from {', '.join(VALIDATION)}")
     budget = read_budget(budget_path, pair_name)
-    if (
-        isinstance(budget.get("steps"), bool)
-        or not isinstance(budget.get("steps"), int)
-        or budget["steps"] < 1
-    ):
-        raise BadInput(
-            f"--budget {budget_path}: steps is {budget.get('steps')!r}; validation trains that many"
-        )
-    loss = {
-        "loss": budget["loss"],
-        "tis_cap": budget["tis_cap"],
-    }  # the validation trains with the budget's loss
+    steps = budget.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise BadInput(f"--budget {budget_path}: steps is {steps!r}; validation trains that many")
+    return budget, {"loss": budget["loss"], "tis_cap": budget["tis_cap"]}
+
+
+def validate(
+    pair_name: str, budget_path: Path, seeds: int, probes: int, device: str, reuse: Path | None = None
+) -> dict:
+    budget, loss = validation_budget(pair_name, budget_path)
     suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
     recorded, trained_on = ({}, "")
     if reuse:
