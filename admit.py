@@ -167,9 +167,8 @@ def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
     """verdict() on a measurement against the budget's interval, which can never reject where it is open
     above (a lower-bound budget, or a crossing some seeds put beyond the grid)."""
     band = budget_band(budget)
-    decision = verdict(
-        m["ci_low"], m["ci_high"], m["mismatch_kl"], budget["budget"], n, available=available, band=band
-    )
+    lo, hi, mean = m["ci_low"], m["ci_high"], m["mismatch_kl"]
+    decision = verdict(lo, hi, mean, budget=budget["budget"], n_probes=n, available=available, band=band)
     if beyond_lower_bound(budget, m):
         where = (
             "the largest calibrated mismatch, where no run lost quality"

@@ -182,7 +182,7 @@ def validate(
     suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
     recorded, trained_on = ({}, "")
     if reuse:
-        recorded, trained_on = reused_validation(reuse, pair_name, budget, loss_label(**loss))
+        recorded, trained_on = reused_validation(reuse, pair_name, budget=budget, label=loss_label(**loss))
     candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
     # the validation trains as the calibration did: the budget's recorded settings, loss included
