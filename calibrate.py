@@ -220,21 +220,20 @@ def run_point(records: list[dict]) -> dict:
 
 
 # The study's short runs (calibrate, check's stale trajectories, the study) keep the training settings the
-# committed budgets and results were measured with, whatever a pair's demo defaults become; budget.json
-# records them, and a validation trains at the settings its budget records. A pair without an entry uses its
-# defaults. tiny: the demo's schedule (lr 1.5e-3, 20 warm-up steps, cosine) cut to 400 steps, where the
-# baseline learns (greedy accuracy 0.35 -> 0.75-0.77).
+# committed budgets and results were measured with, whatever a pair's demo defaults become, and every loss
+# of a pair runs the same ones, so that budgets per loss compare like with like; budget.json records them,
+# and a validation trains at the settings its budget records. A pair without an entry uses its defaults.
+# tiny: the demo's schedule (lr 1.5e-3, 20 warm-up steps, cosine) cut to 400 steps, where the baseline
+# learns (greedy accuracy 0.35 -> 0.75-0.77).
 STUDY_TRAIN = {
     "tiny": {"steps": 400},
     # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise
     "smollm2": {"eval_prompts": 64},
 }
-# Losses whose committed budgets were calibrated at other settings than their pair's STUDY_TRAIN, kept so
-# that the commands those budgets record reproduce them: tiny's uncorrected budget ran 60 steps of a constant
-# lr 3e-4, where OPD has only begun (greedy accuracy flat; RESULTS.md, "Budgets per loss"). The TIS and
-# tinker-style (sampler-is) budgets run STUDY_TRAIN's 400 steps.
+# The schedule of tiny's first budgets (60 steps at a constant lr 3e-4, where OPD has only begun: greedy
+# accuracy flat), kept for the runs that still pin it (study.prefix, the GPU check's short runs) and for the
+# records measured at it (results/*_60steps.json).
 TINY_EARLY = {"steps": 60, "lr": 3e-4, "warmup": 10, "schedule": "constant"}
-STUDY_TRAIN_BY_LOSS = {("tiny", "sampled"): TINY_EARLY}
 
 
 TRAIN_KEYS = (
@@ -258,11 +257,9 @@ def train_settings(pair: str, **loss) -> dict:
 
 
 def study_config(pair: str, **overrides):
-    """train.pair_config with the study's settings in place of the pair's demo defaults: STUDY_TRAIN, or
-    STUDY_TRAIN_BY_LOSS for the loss the overrides name (loss, tis_cap; default analytic)."""
-    label = loss_label(overrides.get("loss", "analytic"), overrides.get("tis_cap", 0.0))
-    study = {**STUDY_TRAIN.get(pair, {}), **STUDY_TRAIN_BY_LOSS.get((pair, label), {})}
-    return pair_config(pair, **{**study, **overrides})
+    """train.pair_config with the study's settings (STUDY_TRAIN, the same for every loss) in place of the
+    pair's demo defaults, then the overrides."""
+    return pair_config(pair, **{**STUDY_TRAIN.get(pair, {}), **overrides})
 
 
 def short_run(
@@ -663,10 +660,7 @@ def build_parser() -> Parser:
         "--steps",
         type=positive_int,
         help="OPD steps per run (default: the study's, "
-        + "; ".join(
-            [", ".join(f"{study_config(p).steps} {p}" for p in PAIRS)]
-            + [f"{s['steps']} {p} {label}" for (p, label), s in STUDY_TRAIN_BY_LOSS.items()]
-        )
+        + ", ".join(f"{study_config(p).steps} {p}" for p in PAIRS)
         + ")",
     )
     parser.add_argument(

@@ -12,7 +12,7 @@ measurements summarised into results/ (a JSON file and a plot each). One module 
 
 Run them as `python -m study <experiment> ...`; finished runs are reused and killed ones resume
 (train.run_or_resume), so any command can be rerun. The training settings of every study run are
-calibrate.study_config's (STUDY_TRAIN, or STUDY_TRAIN_BY_LOSS for a loss whose budget ran other settings;
-validate trains at the settings its budget records), except rl's, which pins its own
-(study.opd_vs_rl.RL_COMMON) so that GRPO learns, and prefix's (study.prefix.PREFIX_TRAIN).
+calibrate.study_config's (STUDY_TRAIN, the same for every loss; validate trains at the settings its budget
+records), except rl's, which pins its own (study.opd_vs_rl.RL_COMMON) so that GRPO learns, and prefix's
+(study.prefix.PREFIX_TRAIN).
 """

@@ -246,7 +246,7 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
 
 def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
     """A committed budget's recorded command reproduces it: its train_settings and steps are what
-    calibrate.study_config gives its pair and loss today (STUDY_TRAIN, or STUDY_TRAIN_BY_LOSS)."""
+    calibrate.study_config gives its pair and loss today (STUDY_TRAIN)."""
     from budget import read_budget
     from calibrate import study_config, train_settings
 
