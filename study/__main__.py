@@ -130,8 +130,9 @@ def main(argv=None) -> None:
         if args.cmd == "validate":
             budget = Path(args.budget or f"budgets/{args.pair}/budget.json")
             reuse = Path(args.reuse) if args.reuse else None
-            sizes = {"seeds": args.seeds, "probes": args.probes}
-            result = validate(args.pair, budget, device=device, reuse=reuse, **sizes)
+            result = validate(
+                args.pair, budget, seeds=args.seeds, probes=args.probes, device=device, reuse=reuse
+            )
             print(validation_table(result))
         elif args.cmd == "rl":
             print(rl_table(rl(args.seeds, device)))
