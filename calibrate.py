@@ -359,7 +359,8 @@ def calibrate(
             loss=loss["loss"], tol=tol, seeds=seeds, device=device,
             recorded=reuse["noise"]["eval_sd_by_prompts"] if reuse else None,
         ),
-        **({"reused": {"from": reuse["path"], "points": reused_count(points)}} if reuse else {}),
+        **({"reused": {"from": reuse["path"], "points": reused_count(points), "trained_on": reuse["device"]}}
+           if reuse else {}),
         "points": points,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -445,8 +446,9 @@ REUSE_KEYS = ("pair", "loss", "tis_cap", "steps", "train_settings", "probes")
 
 def reused_record(path: Path, wanted: dict) -> dict:
     """A recorded calibration (budget.json or refused.json, budget.read_budget) whose REUSE_KEYS equal
-    `wanted`'s: its points, its evaluation-noise measurement and its path. One line (BadInput) naming the
-    first field that differs: points trained at other settings would be paired with the wrong baseline."""
+    `wanted`'s: its points, its evaluation-noise measurement, its path and the device its points trained on
+    (a record that itself reused points says where those trained). One line (BadInput) naming the first
+    field that differs: points trained at other settings would be paired with the wrong baseline."""
     try:
         record = read_budget(path, wanted["pair"])
     except BadInput as e:
@@ -457,7 +459,8 @@ def reused_record(path: Path, wanted: dict) -> dict:
                 f"--reuse {path}: its {key} is {json.dumps(record.get(key))}, this calibration's is "
                 f"{json.dumps(wanted[key])}; only a calibration at the same settings can be reused"
             )
-    return {"path": str(path), "points": record["points"], "noise": record["noise"]}
+    trained_on = (record.get("reused") or {}).get("trained_on") or record["device"]
+    return {"path": str(path), "points": record["points"], "noise": record["noise"], "device": trained_on}
 
 
 def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device, settings: dict) -> dict:

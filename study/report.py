@@ -77,6 +77,13 @@ def ci_line(budget: dict) -> str:
     )
 
 
+def trained_on(b: dict) -> str:
+    """Where a budget's reused points trained, when it says and that is not where it was written."""
+    reused = b.get("reused") or {}
+    where = reused.get("trained_on")
+    return f"; {reused['points']} of its runs trained on {where}" if where and where != b["device"] else ""
+
+
 def budget_section(path: Path, b: dict) -> str:
     """One budget's paragraph: its command, value, tolerance, runs, interval and noise."""
     lower = b["how"] == "all-within"  # no run lost more than the tolerance: the budget is a lower bound
@@ -89,7 +96,7 @@ def budget_section(path: Path, b: dict) -> str:
         f"({b['tolerance']['fraction']:.0%} of the baseline's "
         f"{b['baseline']['improvement']:.3f}-nat improvement); "
         f"{len(b['points'])} runs of {b['steps']} steps; "
-        f"device {b['device']}. Plot: `{path.with_suffix('.png')}`.\n"
+        f"device {b['device']}{trained_on(b)}. Plot: `{path.with_suffix('.png')}`.\n"
         + ci_line(b)
         + noise_line(b)
     )

@@ -332,7 +332,7 @@ def test_calibrate_reuses_a_recorded_calibration_without_its_runs(calibrated, tm
     assert result.returncode == 0, result.stderr[-2000:]
     old, new = json.loads(record.read_text()), json.loads((out / "budget.json").read_text())
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["noise_0.3-seed0"]
-    assert new["reused"] == {"from": str(record), "points": 3}
+    assert new["reused"] == {"from": str(record), "points": 3, "trained_on": old["device"]}
     drop = ("quality_loss", "reused")
     for was, now in zip(old["points"], new["points"]):
         assert now["reused"] is True and {k: v for k, v in now.items() if k not in drop} == {

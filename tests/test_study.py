@@ -64,6 +64,16 @@ def test_report_gives_the_budget_interval_recorded_or_refitted_from_the_points()
     assert study_report.ci_line({**budget, "how": "all-within"}) == "", "a lower bound has no crossing to bracket"
 
 
+def test_report_says_where_a_budgets_reused_runs_trained():
+    budget = json.loads((ROOT / "budgets" / "tiny" / "sampled-tis2" / "budget.json").read_text())
+    here = {**budget, "reused": {"from": "r.json", "points": 3, "trained_on": budget["device"]}}
+    assert study_report.trained_on(here) == "", "runs trained where the budget was written: nothing to add"
+    assert study_report.trained_on({**budget, "reused": {"from": "r.json", "points": 3}}) == ""
+    elsewhere = {**budget, "reused": {"from": "r.json", "points": 3, "trained_on": "CPU (other)"}}
+    line = study_report.budget_section(Path("budget.json"), elsewhere)
+    assert f"device {budget['device']}; 3 of its runs trained on CPU (other)." in line
+
+
 def test_report_reads_the_noise_gate_from_the_points_of_a_budget_that_predates_it():
     """Two seeds of one near configuration, paired losses 0.01 and 0.03: sd = √(2 · 0.01²) = 0.01414,
     se = sd / √2 = 0.01, so a tolerance of 0.03 is 3 SE and one of 0.015 is 1.5 SE (under the gate)."""
