@@ -446,9 +446,9 @@ REUSE_KEYS = ("pair", "loss", "tis_cap", "steps", "train_settings", "probes")
 
 def reused_record(path: Path, wanted: dict) -> dict:
     """A recorded calibration (budget.json or refused.json, budget.read_budget) whose REUSE_KEYS equal
-    `wanted`'s: its points, its evaluation-noise measurement, its path and the device its points trained on
-    (a record that itself reused points says where those trained). One line (BadInput) naming the first
-    field that differs: points trained at other settings would be paired with the wrong baseline."""
+    `wanted`'s: its points, its evaluation-noise measurement, its path and where its points trained
+    (trained_on). One line (BadInput) naming the first field that differs: points trained at other
+    settings would be paired with the wrong baseline."""
     try:
         record = read_budget(path, wanted["pair"])
     except BadInput as e:
@@ -459,8 +459,17 @@ def reused_record(path: Path, wanted: dict) -> dict:
                 f"--reuse {path}: its {key} is {json.dumps(record.get(key))}, this calibration's is "
                 f"{json.dumps(wanted[key])}; only a calibration at the same settings can be reused"
             )
-    trained_on = (record.get("reused") or {}).get("trained_on") or record["device"]
-    return {"path": str(path), "points": record["points"], "noise": record["noise"], "device": trained_on}
+    where = trained_on(record)
+    return {"path": str(path), "points": record["points"], "noise": record["noise"], "device": where}
+
+
+def trained_on(record: dict) -> str:
+    """Where a recorded calibration's points trained: its device for the runs it trained itself, and for
+    those it reused, the device its own record of them names ("A and B" when both)."""
+    earlier = (record.get("reused") or {}).get("trained_on")
+    fresh = any(not p.get("reused") for p in record["points"])
+    places = ([record["device"]] if fresh or not earlier else []) + ([earlier] if earlier else [])
+    return " and ".join(dict.fromkeys(places))
 
 
 def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device, settings: dict) -> dict:

@@ -314,6 +314,17 @@ def test_calibrate_with_other_steps_never_reuses_or_overwrites_the_longer_runs(c
     assert {p: p.read_bytes() for p in calibrated.rglob("*") if p.is_file()} == files
 
 
+def test_a_reused_calibration_says_where_its_points_trained():
+    from calibrate import trained_on
+
+    fresh, old = {"source": "noise 0.1"}, {"source": "noise 0.3", "reused": True}
+    assert trained_on({"device": "A", "points": [fresh]}) == "A"
+    assert trained_on({"device": "A", "points": [old], "reused": {"trained_on": "B"}}) == "B"
+    assert trained_on({"device": "A", "points": [fresh, old], "reused": {"trained_on": "B"}}) == "A and B"
+    assert trained_on({"device": "A", "points": [fresh, old], "reused": {"trained_on": "A"}}) == "A"
+    assert trained_on({"device": "A", "points": [old], "reused": {"points": 1}}) == "A", "an older record"
+
+
 def test_calibrate_reuses_a_recorded_calibration_without_its_runs(calibrated, tmp_path):
     """--reuse a committed budget.json (no runs on disk): its configurations are taken as recorded, only the
     added noise level is run, the tolerance is refitted from the same points; a record made at other
