@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from admit import check
 from budget import loss_label, read_budget
-from calibrate import study_config, train_settings
+from calibrate import study_config, train_settings, trained_on
 from cli import BadInput
 from models import device_label, load_pair
 from study.common import RESULTS, mean_by, paired, sweep, write
@@ -141,13 +141,14 @@ def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -
 def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> tuple[dict, str]:
     """The training points of a recorded validation of this same budget (pair, loss, budget and steps),
     by (candidate, seed), for `validate --reuse`: the checks run again, the training runs are taken as
-    recorded. Also the device the record's runs trained on."""
+    recorded. Also where the record's runs trained (calibrate.trained_on: a validation record has the same
+    device, reused and per-point reused fields as a calibration's)."""
     if not path.is_file():
         raise BadInput(f"--reuse {path}: no such file")
     try:
         record = json.loads(path.read_text())
-        points = record["points"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        points, where = record["points"], trained_on(record)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"--reuse {path}: not a validation record ({type(e).__name__}: {e})") from None
     wanted = {"pair": pair_name, "loss": label, "budget": budget["budget"], "steps": budget["steps"]}
     record.setdefault("loss", "analytic")  # a record from before validations named their loss
@@ -160,8 +161,7 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
     by_run = {
         (p["label"], p["seed"]): {k: v for k, v in p.items() if not k.startswith("delta_")} for p in points
     }
-    earlier = record.get("reused") or {}  # a record that itself reused runs: where they trained
-    return by_run, str(earlier.get("trained_on") or record.get("device"))
+    return by_run, where
 
 
 def validation_budget(pair_name: str, budget_path: Path) -> tuple[dict, dict]:
@@ -180,9 +180,9 @@ def validate(
 ) -> dict:
     budget, loss = validation_budget(pair_name, budget_path)
     suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
-    recorded, trained_on = ({}, "")
+    recorded, trained_where = ({}, "")
     if reuse:
-        recorded, trained_on = reused_validation(reuse, pair_name, budget=budget, label=loss_label(**loss))
+        recorded, trained_where = reused_validation(reuse, pair_name, budget=budget, label=loss_label(**loss))
     candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
     # the validation trains as the calibration did: the budget's recorded settings, loss included
@@ -223,7 +223,7 @@ def validate(
         "points": points,
         "decided": len(decided),
         "agreement": sum(r["agree"] for r in decided) / len(decided) if decided else None,
-        **({"reused": {"from": str(reuse), "points": reused, "trained_on": trained_on}} if reuse else {}),
+        **({"reused": {"from": str(reuse), "points": reused, "trained_on": trained_where}} if reuse else {}),
     }
     write(f"validation_{pair_name}{suffix}", result)
     return result
