@@ -468,7 +468,7 @@ def trained_on(record: dict) -> str:
     those it reused, the device its own record of them names ("A and B" when both)."""
     earlier = (record.get("reused") or {}).get("trained_on")
     fresh = any(not p.get("reused") for p in record["points"])
-    places = ([record["device"]] if fresh or not earlier else []) + ([earlier] if earlier else [])
+    places = ([str(record.get("device"))] if fresh or not earlier else []) + ([earlier] if earlier else [])
     return " and ".join(dict.fromkeys(places))
 
 

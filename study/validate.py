@@ -147,8 +147,8 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
         raise BadInput(f"--reuse {path}: no such file")
     try:
         record = json.loads(path.read_text())
-        points, where = record["points"], trained_on(record)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        points = record["points"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise BadInput(f"--reuse {path}: not a validation record ({type(e).__name__}: {e})") from None
     wanted = {"pair": pair_name, "loss": label, "budget": budget["budget"], "steps": budget["steps"]}
     record.setdefault("loss", "analytic")  # a record from before validations named their loss
@@ -161,7 +161,7 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
     by_run = {
         (p["label"], p["seed"]): {k: v for k, v in p.items() if not k.startswith("delta_")} for p in points
     }
-    return by_run, where
+    return by_run, trained_on(record)
 
 
 def validation_budget(pair_name: str, budget_path: Path) -> tuple[dict, dict]:
