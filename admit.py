@@ -2,12 +2,12 @@
 
 check  Measures a candidate configuration's canonical mismatch on held-out probe prompts (in doubling
        batches, FIRST_PROBES first, until the interval decides), with a bootstrap confidence interval
-       [lo, hi], and compares it with the budget B that `calibrate.py` fitted and its own 95% interval
+       [lo, hi], and compares it with the budget B that `lab/calibrate.py` fitted and its own 95% interval
        [B_lo, B_hi] over the calibration's seeds:
            admit      if hi < B_lo
            reject     if lo > B_hi
            uncertain  otherwise, with the number of extra probes likely to settle it.
-       Or reads another system's log dump (dumps.py) and judges its k3 or top-k estimate the same way.
+       Or reads another system's log dump (port/dumps.py) and judges its k3 or top-k estimate the same way.
 
     python admit.py check --budget budgets/tiny/budget.json --pair tiny --weights fp8 --kv-cache fp8
 """
@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from audit import draw, origins, report, token_estimates, top_tokens
+from port.audit import draw, origins, report, token_estimates, top_tokens
 from budget import CALIBRATABLE, loss_label, match_loss, read_budget, source_staleness
 from cli import EXPECTED, BadInput, Parser, cap_float, fail, positive_int, process_seconds, seed_int
-from kl import bootstrap_ci, dump_estimate
+from kl import bootstrap_ci
+from port.estimate import dump_estimate
 from mismatch import measure_config
 from models import (
     DEVICES,
@@ -39,10 +40,10 @@ from models import (
     resolve_device,
     tiny_tokenizer,
 )
-from native import FORMATS, merge, read_native, select_steps
+from port.native import FORMATS, merge, read_native, select_steps
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from runfiles import atomic_save, atomic_write_text, load_cached
+from lab.runfiles import atomic_save, atomic_write_text, load_cached
 from train import trajectory
 
 # ---------------------------------------------------------------------------------------------------
@@ -299,7 +300,7 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_se
 
 
 def check_dump(budget: dict, path: Path, fmt: str | None = None, steps: str | None = None) -> dict:
-    """The verdict from another system's export (native.py): k3 (or top-k) estimate with a sequence CI,
+    """The verdict from another system's export (port/native.py): k3 (or top-k) estimate with a sequence CI,
     on the steps `steps` selects (None: all), and each step's own estimate under "per_step"."""
     return judge_steps(budget, *read_native(str(path), fmt), spec=steps)
 
@@ -358,15 +359,17 @@ def run_audit(budget: dict, args, command: str, loss: str) -> dict:
 
 def add_audit_parser(sub, chk) -> None:
     """The audit subcommand, and the export flags (--dump, --format, --steps) it shares with check."""
-    aud = sub.add_parser("audit", help="judge an export and write audit.png and report.md (audit.py)")
-    aud.add_argument("--dump", required=True, help="the export: a file, a folder or a glob (native.py)")
-    aud.add_argument("--budget", required=True, help="budget.json from calibrate.py")
+    aud = sub.add_parser("audit", help="judge an export and write audit.png and report.md (port/audit.py)")
+    aud.add_argument("--dump", required=True, help="the export: a file, a folder or a glob (port/native.py)")
+    aud.add_argument("--budget", required=True, help="budget.json from python -m lab.calibrate")
     aud.add_argument("--out", required=True, help="folder for audit.png and report.md")
     aud.add_argument(
         "--tokenizer", help="decode the top tokens: tiny, or a local tokenizer folder (default: ids only)"
     )
     aud.add_argument("--json", action="store_true", help="print the result as JSON")
-    chk.add_argument("--dump", help="judge another system's export instead (native.py): file, folder, glob")
+    chk.add_argument(
+        "--dump", help="judge another system's export instead (port/native.py): a file, folder or glob"
+    )
     for sp in (chk, aud):
         sp.add_argument(
             "--format", choices=FORMATS, help="the export's format with --dump (default: told by its fields)"
@@ -390,7 +393,7 @@ def build_parser() -> Parser:
         help="measure a candidate (or read a log dump) and judge it against a budget; "
         "exit 0 admit, 1 reject, 4 uncertain",
     )
-    chk.add_argument("--budget", required=True, help="budget.json from calibrate.py")
+    chk.add_argument("--budget", required=True, help="budget.json from python -m lab.calibrate")
     chk.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
     chk.add_argument(
         "--probes",
@@ -452,15 +455,10 @@ def print_check(result: dict) -> None:
         )
 
 
-MOVED = {"calibrate": "python calibrate.py"}  # subcommands that became their own entry points
-
-
 def main(argv=None) -> None:
     # interpreter start and imports, before check's own work (in /proc's 10 ms ticks); the rest on one clock
     imported, started = process_seconds(), time.time()
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in MOVED:
-        fail(BadInput(f"`admit.py {argv[0]}` is now `{MOVED[argv[0]]}` (same flags)"))
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "audit":

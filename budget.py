@@ -1,8 +1,8 @@
 """The budget file: its schema, reading and checking it, and the OPD loss it holds for.
 
-A budget (budget.json, written by calibrate.py) is the mismatch, on the one scale, beyond which OPD with one
-loss loses more than the tolerance in quality on one pair. It names that loss: `loss` (analytic | sampled |
-sampler, loss.py) and `tis_cap` (0 = none, a number, or "inf" for the uncapped importance ratio). A
+A budget (budget.json, written by lab/calibrate.py) is the mismatch, on the one scale, beyond which OPD with
+one loss loses more than the tolerance in quality on one pair. It names that loss: `loss` (analytic |
+sampled | sampler, loss.py) and `tis_cap` (0 = none, a number, or "inf" for the uncapped importance ratio). A
 verdict against it holds for that loss only: the analytic loss never sees the engine's per-token
 probabilities, the sampled ones see them in every term.
 """
@@ -26,11 +26,13 @@ BUDGET_HOWS = ("crossing", "all-within", "none-within")
 CALIBRATABLE = ("analytic", "sampled", "sampler")  # the OPD estimators (loss.py) a budget is calibrated for
 
 
-def loss_label(loss: str, tis_cap: float) -> str:
-    """A budget's loss in one word, also its default folder: analytic, sampled, sampled-tis2, sampler-is."""
-    if tis_cap <= 0:
-        return loss
-    return f"{loss}-is" if math.isinf(tis_cap) else f"{loss}-tis{tis_cap:g}"
+def loss_label(loss: str, tis_cap: float, center: bool = False) -> str:
+    """A budget's loss in one word, also its default folder: analytic, sampled, sampled-tis2, sampler-is,
+    sampled-centered (the advantages centred on the batch mean, loss.py)."""
+    label = loss
+    if tis_cap > 0:
+        label += "-is" if math.isinf(tis_cap) else f"-tis{tis_cap:g}"
+    return label + ("-centered" if center else "")
 
 
 def source_staleness(source: str) -> int:
@@ -67,7 +69,7 @@ def match_loss(budget: dict, loss: str | None, tis_cap: float | None) -> str:
         raise BadInput(
             f"--loss {loss_label(loss, tis_cap)}: the budget was calibrated for loss "
             f"{loss_label(b_loss, b_cap)}; a budget holds only for its loss "
-            f"(python calibrate.py --loss {loss} --tis-cap {tis_cap:g})"
+            f"(python -m lab.calibrate --loss {loss} --tis-cap {tis_cap:g})"
         )
     return loss_label(loss, tis_cap)
 
@@ -96,7 +98,7 @@ def read_budget(path: Path, pair: str | None) -> dict:
     """A budget.json, checked: schema, pair (None: any, for dumps), typed numbers where numbers go (no bools,
     finite, budget >= 0, tolerance > 0, seconds_per_run > 0) and the loss it holds for."""
     if not path.is_file():
-        raise BadInput(f"--budget {path}: no such file (make one with `python calibrate.py`)")
+        raise BadInput(f"--budget {path}: no such file (make one with `python -m lab.calibrate`)")
     if path.stat().st_size > MAX_BUDGET_BYTES:
         raise BadInput(f"--budget {path}: {path.stat().st_size} bytes; a budget.json is under 1 MiB")
     try:

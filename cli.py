@@ -200,8 +200,10 @@ def _nearest_existing(path: Path) -> Path:
 def _check_names(path: Path, flag: str) -> None:
     for part in Path(path).parts:
         if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
-            raise BadInput(f"{flag} {str(path)[:60]}...: a path component of {len(part)} characters; "
-                           f"at most {NAME_MAX} bytes each")
+            raise BadInput(
+                f"{flag} {str(path)[:60]}...: a path component of {len(part)} characters; "
+                f"at most {NAME_MAX} bytes each"
+            )
 
 
 def check_output_dir(path: str | Path, flag: str) -> Path:
@@ -244,8 +246,10 @@ def _open(path: Path, mode: str):
 
 def _write_failed(path: Path, error: BaseException) -> WriteFailed:
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return WriteFailed(f"could not write {path} ({reason}); its previous version is intact: free space and "
-                       "run again (a run: --resume)")
+    return WriteFailed(
+        f"could not write {path} ({reason}); its previous version is intact: free space and "
+        "run again (a run: --resume)"
+    )
 
 
 def atomic_write(path: Path, write) -> None:

@@ -13,11 +13,7 @@ prefix-shift part (prefix_shift_kl); a sequence-bootstrap interval (bootstrap_ci
 mismatch.py measures engines with these; loss.py logs them beside the loss; admit.py judges dumps with them.
 """
 
-import math
-
 import torch
-
-from dumps import Dump
 
 
 KL_ROWS = 16  # token_kl's block: 16 × 49k float64 logits, ~6 MB, 4.8× faster than 256 rows on a 2-core CPU
@@ -34,8 +30,9 @@ def token_kl(engine_logits_N_V: torch.Tensor, train_logits_N_V: torch.Tensor) ->
         logp_e_N_V = torch.log_softmax(engine_logits_N_V.double(), -1)
         logp_t_N_V = torch.log_softmax(train_logits_N_V.double(), -1)
         return (logp_e_N_V.exp() * (logp_e_N_V - logp_t_N_V)).sum(-1)
-    return torch.cat([token_kl(e, t) for e, t in zip(engine_logits_N_V.split(KL_ROWS),
-                                                      train_logits_N_V.split(KL_ROWS))])
+    return torch.cat(
+        [token_kl(e, t) for e, t in zip(engine_logits_N_V.split(KL_ROWS), train_logits_N_V.split(KL_ROWS))]
+    )
 
 
 def prefix_shift_kl(kl_N: torch.Tensor, rollout) -> torch.Tensor:
@@ -118,141 +115,3 @@ def bootstrap_ci(
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
     lo, hi = torch.quantile(means_R, q).tolist()
     return lo, hi
-
-
-def topk_token_kl(d: Dump) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token estimate and lower bound of KL(π_e ‖ π_t) from a dump with top-k log-probs of both sides.
-
-    With S the engine's top-k set at a position, m_e = 1 − Σ_S p_e and m_t = 1 − Σ_S p_t the tail masses:
-        KL_t = Σ_S p_e log(p_e/p_t) + Σ_{v∉S} p_e log(p_e/p_t),   and the tail sum equals
-               Σ_{v∉S} p_e k3(v) − (m_t − m_e),   k3(v) = ρ_v − 1 − log ρ_v, ρ_v = p_t(v)/p_e(v).
-    The sampled token y ~ π_e gives 1[y∉S]·k3(y), an unbiased estimate of Σ_{v∉S} p_e k3, so
-        est_t   = Σ_S p_e (log p_e − log p_t) − (m_t − m_e) + 1[y∉S]·k3(y)
-    is unbiased, exact when S holds all of the engine's mass, and random only through tail samples.
-        lower_t = Σ_S p_e (log p_e − log p_t) + m_e log(m_e / m_t)  <= KL_t   (log-sum inequality)
-    needs no sampling at all. Returns (est_R, lower_R), float64.
-    """
-    p_e_R_K, p_t_R_K = d.top_engine_R_K.exp(), d.top_train_R_K.exp()
-    filled_R_K = torch.isfinite(d.top_engine_R_K)
-    diff_R_K = torch.where(filled_R_K, d.top_engine_R_K - d.top_train_R_K, torch.zeros_like(p_e_R_K))
-    head_R = (p_e_R_K * diff_R_K).sum(-1)
-    m_e_R = (1 - p_e_R_K.sum(-1)).clamp(min=0.0)
-    m_t_R = (1 - p_t_R_K.sum(-1)).clamp(min=1e-300)
-    rho_R = torch.exp(d.train_R - d.engine_R)
-    k3_R = rho_R - 1 - torch.log(rho_R)
-    est_R = head_R - (m_t_R - m_e_R) + torch.where(d.in_top_R, torch.zeros_like(k3_R), k3_R)
-    lower_R = head_R + torch.where(
-        m_e_R > 0, m_e_R * torch.log(m_e_R.clamp(min=1e-300) / m_t_R), torch.zeros_like(m_e_R)
-    )
-    return est_R, lower_R
-
-
-def k1_token_kl(d: Dump) -> torch.Tensor:
-    """The k1 twin of the per-token estimate [R], float64: r_t = log π_e(y_t) − log π_t(y_t) from a k3-only
-    dump (E_e[r] = KL), or with top-k  Σ_S p_e (log p_e − log p_t) + 1[y∉S]·r_t  (the tail's KL from the
-    sampled token, no tail-mass term). Unbiased like k3, with lighter tails: a rare token with π_t ≫ π_e adds
-    ρ − 1 + r to k3 but only r = −log ρ to k1."""
-    r_R = d.engine_R - d.train_R
-    if d.top_engine_R_K is None:
-        return r_R
-    filled_R_K = torch.isfinite(d.top_engine_R_K)
-    diff_R_K = torch.where(filled_R_K, d.top_engine_R_K - d.top_train_R_K, torch.zeros_like(r_R)[:, None])
-    head_R = (d.top_engine_R_K.exp() * diff_R_K).sum(-1)
-    return head_R + torch.where(d.in_top_R, torch.zeros_like(r_R), r_R)
-
-
-def seq_mean_se(x_R: torch.Tensor, seq_id_R: torch.Tensor) -> tuple[float, float]:
-    """Token mean m = Σ_b X_b / Σ_b n_b of per-sequence sums X_b over n_b tokens, and its standard error
-    se = sqrt(S/(S−1) Σ_b (X_b − m n_b)²) / Σ_b n_b (sequences independent, tokens within one correlated)."""
-    n_seq = int(seq_id_R.max()) + 1
-    sums = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_R, x_R.double())
-    lens = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq_id_R, torch.ones_like(x_R).double())
-    m = (sums.sum() / lens.sum()).item()
-    if n_seq < 2:
-        return m, math.inf
-    return m, (n_seq / (n_seq - 1) * ((sums - m * lens) ** 2).sum()).sqrt().item() / lens.sum().item()
-
-
-FLAG_Z = 4.0  # standard errors a dump's statistic must stand from what correct columns give to be flagged
-
-
-def padding_tokens(d: Dump) -> int:
-    """Tokens in trailing runs of exact (0, 0) log-prob pairs, counted only where every sequence has one
-    length and >= 2 sequences end in such a run of >= 2 tokens: rows zero-padded to a fixed length and not
-    masked (each padded token reads as KL 0). A real sequence rarely ends in two tokens both sides are
-    certain of to the last bit, and real sequences stop at different lengths."""
-    lens = torch.bincount(d.seq_id_R)
-    if len(lens) < 2 or bool((lens != lens[0]).any()):
-        return 0
-    zero_S_T = ((d.engine_R == 0) & (d.train_R == 0)).view(len(lens), -1)
-    run_S = zero_S_T.flip(1).long().cumprod(1).sum(1)  # length of each sequence's trailing run
-    return int(run_S.sum()) if int((run_S >= 2).sum()) >= 2 else 0
-
-
-def dump_flags(d: Dump) -> dict:
-    """What makes a dump unreadable, with the statistics behind each flag (a line per raised flag):
-    padding   padding_tokens > 0;
-    columns   correct columns give E_e[ρ] = Σ_v π_t(v) = 1 and E_e[k1] = KL >= 0; swapped columns give
-              E[ρ] = 1 + χ²(π_e ‖ π_t) > 1 and k1 = −KL, and so does an engine column that is not the
-              distribution the tokens were drawn from (a sampling temperature or top-p applied on one side
-              only, e.g. vLLM's raw log-probs beside a trainer at the sampling temperature). Flagged when
-              the k1 mean lies FLAG_Z standard errors below 0, or the ρ mean FLAG_Z above 1."""
-    r_R = d.engine_R - d.train_R
-    k1, k1_se = seq_mean_se(r_R, d.seq_id_R)
-    rho, rho_se = seq_mean_se(torch.exp(-r_R), d.seq_id_R)
-    k1_z = k1 / k1_se if k1_se > 0 else 0.0
-    rho_z = (rho - 1) / rho_se if rho_se > 0 else 0.0
-    pad = padding_tokens(d)
-    warnings = []
-    if pad:
-        warnings.append(
-            f"padding: {pad} of {len(r_R)} tokens sit in trailing runs with both log-probs exactly 0 in "
-            "rows of one length: unmasked padding reads as KL 0 and lowers the estimate; mask it "
-            "(.pt: mask 0; JSONL: leave the padded tokens out)"
-        )
-    if k1_z < -FLAG_Z or rho_z > FLAG_Z:
-        warnings.append(
-            f"columns: k1 = {k1:.3g} ({k1_z:+.1f} SE) and mean IS ratio {rho:.3g} ({rho_z:+.1f} SE from 1); "
-            "correct columns give k1 >= 0 and ratio 1: engine and trainer columns swapped, or a temperature "
-            "or top-p applied on one side only (both log-probs must be of the policies at temperature 1)"
-        )
-    return {"padding_tokens": pad, "k1_z": k1_z, "ratio_z": rho_z, "warnings": warnings}
-
-
-COVERAGE_RULE = (
-    "union: the interval spans the {est} and the k1 sequence-bootstrap 95% intervals (both unbiased for the "
-    "KL; {est} alone under-covers when rare tokens with π_train ≫ π_engine are unsampled, k1 does not)"
-)
-
-
-def dump_estimate(d: Dump, seed: int = 0) -> dict:
-    """The one scale from another system's dump: k3 per token (E[k3] under engine samples = the exact KL), or
-    the top-k estimate when both sides logged top-k log-probs; the metrics beside; the readability flags.
-
-    The interval (COVERAGE_RULE): [max(0, min(lo, lo_k1)), max(hi, hi_k1)] of the estimator's and
-    k1_token_kl's sequence-bootstrap intervals (KL >= 0). The estimator's percentile interval alone misses
-    the exact KL from above far more often than 2.5% on our own engine; the union does not
-    (`python -m study coverage`, results/coverage.json; tests/test_coverage.py holds it on tiny)."""
-    rho_R = torch.exp(d.train_R - d.engine_R)
-    est_R, extra = rho_R - 1 - torch.log(rho_R), {"estimator": "k3"}
-    if d.top_engine_R_K is not None:
-        est_R, lower_R = topk_token_kl(d)
-        extra = {
-            "estimator": f"top-{d.top_engine_R_K.shape[1]} + k3 tail",
-            "kl_lower_bound": lower_R.mean().item(),
-        }
-    lo, hi = bootstrap_ci(est_R, d.seq_id_R, seed=seed)
-    lo1, hi1 = bootstrap_ci(k1_token_kl(d), d.seq_id_R, seed=seed)
-    return {
-        "mismatch_kl": est_R.mean().item(),
-        "ci_low": max(0.0, min(lo, lo1)),
-        "ci_high": max(hi, hi1),
-        "ci_estimator": [lo, hi],
-        "ci_k1": [lo1, hi1],
-        "coverage_rule": COVERAGE_RULE.format(est=extra["estimator"]),
-        "tokens": len(est_R),
-        "sequences": d.sequences,
-        **extra,
-        **sampled_token_metrics(d.engine_R, d.train_R, d.seq_id_R),
-        **dump_flags(d),
-    }

@@ -36,7 +36,7 @@ training makes: callers pass them in (`versions`, made by admit.stale_versions).
 
     python mismatch.py --pair tiny --weights bf16 --kv-cache fp8   # each source alone and combined
     python mismatch.py --control                                   # the engine against itself: the floor
-    python mismatch.py --pair tiny --weights fp8 --dump-out dump.jsonl   # also write a log dump (dumps.py)
+    python mismatch.py --pair tiny --weights fp8 --dump-out dump.jsonl   # also a log dump (port/dumps.py)
 """
 
 import copy
@@ -49,14 +49,22 @@ import torch
 from tqdm import tqdm
 
 from cli import EXPECTED, BadInput, Parser, check_output_file, fail, positive_int, seed_int
-from dumps import write_dump
+from port.dumps import write_dump
 from kl import bootstrap_ci, sampled_token_metrics, token_kl
-from models import DEVICES, PAIRS, check_prompts, format_prompt, load_pair, read_prompts, resolve_device
+from models import (
+    DEVICES,
+    PAIRS,
+    check_prompts,
+    format_prompt,
+    head,
+    load_pair,
+    read_prompts,
+    resolve_device,
+)
 from rollout import (
     RolloutConfig,
     RolloutEngine,
     add_rollout_args,
-    head,
     response_hidden,
     rollout_config_from_args,
 )
@@ -280,7 +288,7 @@ def build_parser() -> Parser:
         "exact copy, scored twice; its number is the floor of this setup",
     )
     p.add_argument(
-        "--dump-out", help="also write the samples as a log dump (dumps.py's JSONL schema) to this file"
+        "--dump-out", help="also write the samples as a log dump (port/dumps.py's JSONL schema) to this file"
     )
     p.add_argument(
         "--json", action="store_true", help="print JSON (one object per row; mismatch_kl is the number)"

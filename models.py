@@ -167,8 +167,10 @@ def check_prompts(pair: Pair, max_new_tokens: int, prompts: list[Prompt] | None 
     contexts = [getattr(m.config, "max_position_embeddings", None) for m in (pair.teacher, pair.student)]
     context = min((c for c in contexts if c), default=None)
     if context is not None and max_new_tokens >= context:
-        raise BadInput(f"--max-new-tokens {max_new_tokens}: the models' context is {context} tokens; "
-                       "leave room for the prompt")
+        raise BadInput(
+            f"--max-new-tokens {max_new_tokens}: the models' context is {context} tokens; "
+            "leave room for the prompt"
+        )
     unknown = {i for i in (tok.unk_token_id, tok.pad_token_id) if i is not None}
     for p in pair.train_prompts + pair.eval_prompts if prompts is None else prompts:
         shown = f"prompt {p.text[:30]!r}"
@@ -177,14 +179,19 @@ def check_prompts(pair: Pair, max_new_tokens: int, prompts: list[Prompt] | None 
             own_ids = tok(p.text, add_special_tokens=False)["input_ids"]
             n = len(tok(format_prompt(tok, p.text), add_special_tokens=False)["input_ids"])
         except (UnicodeError, ValueError, TypeError) as e:
-            raise BadInput(f"{shown}: the tokenizer cannot encode it ({type(e).__name__}); expected "
-                           "valid UTF-8 text") from None
+            raise BadInput(
+                f"{shown}: the tokenizer cannot encode it ({type(e).__name__}); expected valid UTF-8 text"
+            ) from None
         if unknown & set(own_ids):
-            raise BadInput(f"{shown}: holds text outside the {pair.name} pair's vocabulary (it encodes to "
-                           "the unknown or padding token)")
+            raise BadInput(
+                f"{shown}: holds text outside the {pair.name} pair's vocabulary (it encodes to "
+                "the unknown or padding token)"
+            )
         if context is not None and n + max_new_tokens > context:
-            raise BadInput(f"{shown}: {n} tokens + --max-new-tokens {max_new_tokens} exceed the models' "
-                           f"context of {context} tokens")
+            raise BadInput(
+                f"{shown}: {n} tokens + --max-new-tokens {max_new_tokens} exceed the models' "
+                f"context of {context} tokens"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -357,12 +364,20 @@ def load_layer_dropped(
         teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(teacher_dir, padding_side="left")
     except Exception as e:  # a truncated or edited cache file: safetensors, JSON and tokenizer errors alike
-        raise BadInput(f"{teacher_dir}: the cached conversion cannot be read ({type(e).__name__}); remove "
-                       "the folder and it is converted again") from None
+        raise BadInput(
+            f"{teacher_dir}: the cached conversion cannot be read ({type(e).__name__}); remove "
+            "the folder and it is converted again"
+        ) from None
     student = drop_layers(teacher, student_layers or LAYER_DROPPED[name], copy_model=not student_only)
     train = read_prompts(PROMPT_DIR / "smollm2_train.jsonl")  # gemma3 shares the instruction files
-    return Pair(name, None if student_only else teacher, student, tokenizer, train,
-                read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"))
+    return Pair(
+        name,
+        None if student_only else teacher,
+        student,
+        tokenizer,
+        train,
+        read_prompts(PROMPT_DIR / "smollm2_eval.jsonl"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -400,8 +415,10 @@ def load_hf_pair(teacher_id: str, student_id: str, device: str, student_only: bo
                 f"({len(teacher_vocab)} vs {len(tokenizer)} tokens); OPD compares their next-token "
                 "distributions, so they must share a tokenizer"
             )
-        teacher = None if student_only else (
-            AutoModelForCausalLM.from_pretrained(teacher_src, dtype=torch.float32).to(device).eval()
+        teacher = (
+            None
+            if student_only
+            else (AutoModelForCausalLM.from_pretrained(teacher_src, dtype=torch.float32).to(device).eval())
         )
         student = AutoModelForCausalLM.from_pretrained(student_src, dtype=torch.float32).to(device).eval()
     except BadInput:
@@ -415,11 +432,14 @@ def load_hf_pair(teacher_id: str, student_id: str, device: str, student_only: bo
             f"--student {student_id} has {student.config.vocab_size}; they must match"
         )
     if tokenizer.eos_token is None:
-        raise BadInput(f"--student {student_id}: its tokenizer has no EOS token; the sampler needs one to "
-                       "end a response")
+        raise BadInput(
+            f"--student {student_id}: its tokenizer has no EOS token; the sampler needs one to end a response"
+        )
     if len(tokenizer) > student.config.vocab_size:
-        raise BadInput(f"--student {student_id}: the tokenizer has {len(tokenizer)} tokens but the models "
-                       f"only {student.config.vocab_size} output logits; some tokens would have no logit")
+        raise BadInput(
+            f"--student {student_id}: the tokenizer has {len(tokenizer)} tokens but the models "
+            f"only {student.config.vocab_size} output logits; some tokens would have no logit"
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # the sampler needs a pad id for left padding
     return teacher, student, tokenizer
@@ -478,12 +498,16 @@ def split_prompts(user: list[Prompt], path) -> tuple[list[Prompt], list[Prompt]]
     held = user[::10]
     train = [p for i, p in enumerate(user) if i % 10 != 0]
     if not train:
-        raise BadInput(f"--prompts {path}: {len(user)} prompt(s); every tenth is held out for evaluation, so "
-                       "at least 2 are needed")
+        raise BadInput(
+            f"--prompts {path}: {len(user)} prompt(s); every tenth is held out for evaluation, so "
+            "at least 2 are needed"
+        )
     both = {p.text for p in held} & {p.text for p in train}
     if both:
-        raise BadInput(f"--prompts {path}: {len(both)} prompt(s) such as {min(both)[:40]!r} are both held "
-                       "out and trained on; remove the duplicates")
+        raise BadInput(
+            f"--prompts {path}: {len(both)} prompt(s) such as {min(both)[:40]!r} are both held "
+            "out and trained on; remove the duplicates"
+        )
     return train, held
 
 
@@ -524,3 +548,10 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def head(model, h_N_H: torch.Tensor) -> torch.Tensor:
+    """The output head, with final-logit softcapping where the architecture has it (Gemma)."""
+    logits_N_V = model.get_output_embeddings()(h_N_H)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return cap * torch.tanh(logits_N_V / cap) if cap else logits_N_V

@@ -25,23 +25,42 @@ Which distribution the log-probs come from (every mismatch number depends on thi
 import copy
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from functools import partial
 
 import torch
-import torch.nn.functional as F
 
-from cli import (EXPECTED, MAX_TEMPERATURE, MAX_TOKENS, MIN_TEMPERATURE, BadInput, NonFinite, Parser,
-                 batch_int, fail, fraction, length_int, nonneg_float, nonneg_int, seed_int)
+from cli import (
+    EXPECTED,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MIN_TEMPERATURE,
+    BadInput,
+    NonFinite,
+    Parser,
+    batch_int,
+    fail,
+    fraction,
+    length_int,
+    nonneg_float,
+    nonneg_int,
+    seed_int,
+)
 from cli import temperature as temperature_value
+from cpu_decode import fast_path_applies, llama_decode, small_batch_linears
 from models import MAX_NEW_TOKENS, PAIRS, cache_arg, check_prompts, format_prompt, load_pair
-from quant import (FP8_WEIGHTS, AmaxRecorder, KVScales, fp8_kv_cache, quantize_weights, round_weights_once,
-                   scales_from_amax)
+from quant import (
+    FP8_WEIGHTS,
+    AmaxRecorder,
+    KVScales,
+    fp8_kv_cache,
+    quantize_weights,
+    round_weights_once,
+    scales_from_amax,
+)
 
 from transformers import DynamicCache  # isort: skip
 from transformers.cache_utils import Cache  # isort: skip
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # isort: skip
 
 WEIGHTS = ("fp32", "bf16", "fp8", "fp8-dyn", "fp8-emu")  # engine weight precision (quant.py has the FP8 ones)
 KV_CACHES = ("model", "fp8")  # model = keys/values in the engine's compute dtype; fp8 = quant.Fp8KVLayer
@@ -193,47 +212,6 @@ def top_p_filter(logp_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
 # The output head, and scoring a rollout under a model
 
 
-def head(model, h_N_H: torch.Tensor) -> torch.Tensor:
-    """The output head, with final-logit softcapping where the architecture has it (Gemma)."""
-    logits_N_V = model.get_output_embeddings()(h_N_H)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    return cap * torch.tanh(logits_N_V / cap) if cap else logits_N_V
-
-
-SMALL_BATCH = 16  # rows up to which `W @ x.T` beats F.linear's GEMM on CPU (measured: 1.7–2.5× at 4 rows)
-
-
-def _small_batch_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear.forward for a few rows, as `W @ x.T`: on CPU this product streams W at memory speed, where
-    F.linear's small-M GEMM reaches half of it ([4, 576] @ [576, 49152]: 9 ms vs 23 ms). Other inputs, GPU
-    inputs (the gap was measured on CPU only) and quantized weights (a torchao tensor subclass) take
-    F.linear."""
-    rows = x.numel() // module.in_features
-    if rows > SMALL_BATCH or type(module.weight) is not torch.nn.Parameter or x.device.type != "cpu":
-        return F.linear(x, module.weight, module.bias)
-    x_N_I = x.reshape(rows, module.in_features)
-    if rows == 1:  # one row takes the matrix-vector kernel, 3× slower here than a 2-row product: pad
-        return _small_batch_linear(module, x_N_I.expand(2, -1).contiguous())[:1].reshape(*x.shape[:-1], -1)
-    out_N_O = (module.weight @ x_N_I.T).T
-    if module.bias is not None:
-        out_N_O = out_N_O + module.bias
-    return out_N_O.reshape(*x.shape[:-1], module.out_features)
-
-
-@contextmanager
-def small_batch_linears(model):
-    """Within the block, every plain nn.Linear of `model` computes as _small_batch_linear (an instance
-    attribute that shadows the class's forward; removed on exit, also after an error)."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    for m in linears:
-        m.forward = partial(_small_batch_linear, m)
-    try:
-        yield
-    finally:
-        for m in linears:
-            del m.forward
-
-
 def response_hidden(model, rollout: Rollout, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states at the positions that predict response tokens, and those tokens, in one pass.
 
@@ -278,10 +256,7 @@ def prefill(model, ids_B_P, attn_B_P, cache) -> torch.Tensor:
 
 def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
     """Feed one new token per row (its mask bit is already in attn_B_T); return next-token logits [B, V].
-    Llama models with SDPA attention take `llama_decode` (the same modules, weights and result, without the
-    HF forward's per-call machinery); other architectures the HF forward."""
-    if model.config.model_type == "llama" and model.config._attn_implementation == "sdpa":
-        return llama_decode(model, token_B, attn_B_T, cache=cache)
+    The reference decode step, the HF forward; cpu_decode.llama_decode computes the same logits faster."""
     pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
     out = model(
         input_ids=token_B[:, None],
@@ -292,53 +267,6 @@ def decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
         logits_to_keep=1,
     )
     return out.logits[:, -1]
-
-
-def _one_query_attention(attn, q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D, mask_B_1_1_T) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + mask)·v for one query token, [B, 1, Hq·D], as HF's sdpa attention computes it:
-    without a mask SDPA's own grouped-query mode; with one, the query heads that share a key/value head laid
-    out as that head's queries (no repeated keys)."""
-    B, D = q_B_Hq_1_D.shape[0], attn.head_dim
-    if mask_B_1_1_T is None:
-        o_B_Hq_1_D = F.scaled_dot_product_attention(
-            q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D, scale=attn.scaling, enable_gqa=attn.num_key_value_groups > 1
-        )
-        return o_B_Hq_1_D.transpose(1, 2).reshape(B, 1, -1)
-    o_B_Hk_G_D = F.scaled_dot_product_attention(
-        q_B_Hq_1_D.reshape(B, -1, attn.num_key_value_groups, D), k_B_Hk_T_D, v_B_Hk_T_D,
-        attn_mask=mask_B_1_1_T, scale=attn.scaling,
-    )
-    return o_B_Hk_G_D.reshape(B, 1, -1)
-
-
-def llama_decode(model, token_B, attn_B_T, cache) -> torch.Tensor:
-    """One decode step of a Llama model through its own submodules (embedding, rotary, norms, projections,
-    MLP, head) and the transformers Cache, computing what LlamaModel.forward computes for one new token:
-        h = embed(y);  per layer:  h += o_proj(attn(rope(q), rope(k), v; mask));  h += mlp(norm(h));
-        logits = head(norm(h)).
-    What it leaves out is per-call machinery that one query token does not need: building a 4-D causal mask
-    (one query attends to every cached position that is not padding), kwarg plumbing, output capture. Its
-    logits equal the HF forward's bit for bit (tests/test_rollout.py): a seeded run samples the same tokens.
-    """
-    inner = model.model
-    B = attn_B_T.shape[0]
-    pos_B_1 = attn_B_T.long().sum(-1, keepdim=True) - 1
-    h_B_1_H = inner.embed_tokens(token_B[:, None])
-    cos_sin = inner.rotary_emb(h_B_1_H, pos_B_1)
-    mask_B_1_1_T = None if bool(attn_B_T.all()) else attn_B_T.bool()[:, None, None, :]
-    for layer in inner.layers[: model.config.num_hidden_layers]:
-        attn = layer.self_attn
-        x_B_1_H = layer.input_layernorm(h_B_1_H)
-        q_B_Hq_1_D = attn.q_proj(x_B_1_H).view(B, 1, -1, attn.head_dim).transpose(1, 2)
-        k_B_Hk_1_D = attn.k_proj(x_B_1_H).view(B, 1, -1, attn.head_dim).transpose(1, 2)
-        v_B_Hk_1_D = attn.v_proj(x_B_1_H).view(B, 1, -1, attn.head_dim).transpose(1, 2)
-        q_B_Hq_1_D, k_B_Hk_1_D = apply_rotary_pos_emb(q_B_Hq_1_D, k_B_Hk_1_D, *cos_sin)
-        k_B_Hk_T_D, v_B_Hk_T_D = cache.update(k_B_Hk_1_D, v_B_Hk_1_D, attn.layer_idx)
-        o_B_1_HD = _one_query_attention(attn, q_B_Hq_1_D, k_B_Hk_T_D, v_B_Hk_T_D=v_B_Hk_T_D,
-                                        mask_B_1_1_T=mask_B_1_1_T)
-        h_B_1_H = h_B_1_H + attn.o_proj(o_B_1_HD)
-        h_B_1_H = h_B_1_H + layer.mlp(layer.post_attention_layernorm(h_B_1_H))
-    return head(model, inner.norm(h_B_1_H)[:, -1])
 
 
 def encode_prompts(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,12 +285,14 @@ def generate(
     version: int = 0,
     cache=None,
     record: bool = False,
+    fast: bool = True,
 ) -> Rollout:
     """Sample one response per (already formatted) prompt with our prefill/decode loop.
 
     `cache`: another transformers Cache (default DynamicCache). `record`: keep the engine's logits at every
     response token (Rollout.engine_logits), unless B × max_new_tokens × V × 4 bytes exceeds cfg.record_gb.
-    The model is used as is: the caller owns its dtype and device.
+    The model is used as is: the caller owns its dtype and device. `fast`: decode through cpu_decode's fast
+    path where it applies (the same logits as the reference `decode`); False runs the reference alone.
     """
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(cfg.seed) if generator is None else generator
@@ -379,7 +309,9 @@ def generate(
     attn_B_T = torch.cat([attn_B_P, torch.ones(B, N, dtype=attn_B_P.dtype, device=device)], dim=1)
     recorded = []  # [B, V] fp32 logits per step
 
-    with small_batch_linears(model):  # decode feeds B rows at a time: the fast small-batch product
+    fast = fast and fast_path_applies(model)
+    step = llama_decode if fast else decode
+    with small_batch_linears(model) if fast else nullcontext():  # a few rows: the fast small-batch product
         logits_B_V = prefill(model, ids_B_P, attn_B_P, cache=cache)
         for t in range(N):
             token_B, logprob_B = sample_next(logits_B_V, cfg, generator)
@@ -392,7 +324,7 @@ def generate(
                 alive_B = alive_B & (token_B != eos)
             if t == N - 1 or not alive_B.any():
                 break
-            logits_B_V = decode(model, tokens_B_N[:, t], attn_B_T[:, : P + t + 1], cache=cache)
+            logits_B_V = step(model, tokens_B_N[:, t], attn_B_T[:, : P + t + 1], cache=cache)
 
     engine_logits = torch.stack(recorded, 1)[alive_B_N[:, : len(recorded)]] if record else None  # [R, V]
     return Rollout(

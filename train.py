@@ -14,9 +14,10 @@ One step (see loss.py for the formulas):
 
 --async samples one step ahead in a background thread (one-step-off, see `Batches`).
 
-Outputs go to runs/<name>/ (runfiles.py): config.json, metrics.jsonl (a line per step), checkpoint.pt (every
-`ckpt_every` steps or `ckpt_minutes` minutes, and at the end), curves.png. `--resume` continues a killed run
-exactly from its last checkpoint (stale and async runs too): the steps after it are redone identically.
+Outputs go to runs/<name>/ (lab/runfiles.py): config.json, metrics.jsonl (a line per step), checkpoint.pt
+(every `ckpt_every` steps or `ckpt_minutes` minutes, and at the end), curves.png. `--resume` continues a
+killed run exactly from its last checkpoint (stale and async runs too): the steps after it are redone
+identically.
 SIGINT or SIGTERM stops a run after its current step, with a checkpoint there (exit 130 / 143).
 
     python train.py                    # smollm2 pair, ~3 min on a 2-core CPU
@@ -36,9 +37,24 @@ import torch
 from tqdm import tqdm
 
 from batches import Batches, make_engine
-from cli import (EXPECTED, MAX_BATCH, BadInput, NonFinite, Parser, StopSignals, batch_int, cap_float, fail,
-                 given_dests, learning_rate as lr_value, nonneg_float, nonneg_int, positive_int,
-                 recheck_flags, seed_int)
+from cli import (
+    EXPECTED,
+    MAX_BATCH,
+    BadInput,
+    NonFinite,
+    Parser,
+    StopSignals,
+    batch_int,
+    cap_float,
+    fail,
+    given_dests,
+    learning_rate as lr_value,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+    recheck_flags,
+    seed_int,
+)
 from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from kl import prefix_shift_kl
@@ -46,10 +62,30 @@ from mismatch import rescored_token_kl
 from models import DEVICES, MAX_NEW_TOKENS, PAIRS, check_prompts, format_prompt, load_pair, resolve_device
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
-from runfiles import (RunLock, append_metrics, atomic_save, changes, check_target, claim, clean_leftovers,
-                      load_checkpoint, load_config, note_changes, plot_curves, read_metrics,
-                      reconcile_metrics, refuse_finished, refuse_unsafe, remove_made, restore_state,
-                      resume_changes, resume_command, reusable_run, start_files, summary)
+from lab.runfiles import (
+    RunLock,
+    append_metrics,
+    atomic_save,
+    changes,
+    check_target,
+    claim,
+    clean_leftovers,
+    load_checkpoint,
+    load_config,
+    note_changes,
+    plot_curves,
+    read_metrics,
+    reconcile_metrics,
+    refuse_finished,
+    refuse_unsafe,
+    remove_made,
+    restore_state,
+    resume_changes,
+    resume_command,
+    reusable_run,
+    start_files,
+    summary,
+)
 
 
 @dataclass
@@ -71,6 +107,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     loss: str = "analytic"  # analytic (full-vocabulary KL) | sampled (sampled-token gradient) | grpo (RL)
     tis_cap: float = field(default=0.0, metadata={"inf": True})  # C in min(π_train/π_engine, C); 0 off; inf
+    center_advantages: bool = False  # sampled/sampler: subtract the batch's mean advantage (loss.py)
     async_rollout: bool = False  # one-step-off: sample step s+1's batch in a background thread during step s
     kl_chunk: int = 256  # response tokens per chunk when computing full-vocabulary KL (bounds memory)
     eval_every: int = 5  # evaluate every N steps (and after the last); 0 = only at the start and end
@@ -86,20 +123,38 @@ class TrainConfig:
     def __post_init__(self):  # combinations no single flag can refuse (each flag's range: its converter)
         rows, k = self.batch_size * self.samples_per_prompt, self.samples_per_prompt
         if self.loss == "grpo" and k < 2:
-            raise BadInput(f"--loss grpo --samples-per-prompt {k}: the advantage (a reward minus its group's "
-                           "mean) is 0 in a group of one; use 2 or more")
+            raise BadInput(
+                f"--loss grpo --samples-per-prompt {k}: the advantage (a reward minus its group's "
+                "mean) is 0 in a group of one; use 2 or more"
+            )
         if rows > MAX_BATCH:
             raise BadInput(f"--batch-size x --samples-per-prompt = {rows} rows; at most {MAX_BATCH}")
         if self.tis_cap > 0 and self.loss == "analytic":
-            raise BadInput(f"--tis-cap {self.tis_cap:g}: applies to --loss sampled, sampler or grpo (the "
-                           "analytic loss sums over the vocabulary: the sampled token needs no correction)")
+            raise BadInput(
+                f"--tis-cap {self.tis_cap:g}: applies to --loss sampled, sampler or grpo (the "
+                "analytic loss sums over the vocabulary: the sampled token needs no correction)"
+            )
+        if self.center_advantages and self.loss not in ("sampled", "sampler"):
+            raise BadInput(
+                f"--center-advantages with --loss {self.loss}: applies to --loss sampled or sampler (the "
+                "analytic loss has no advantage; grpo's advantages are already centred on their group)"
+            )
 
 
 # Per-pair settings; every other field takes TrainConfig's default. The checkpoint cadence keeps the time
 # spent saving under 5% of a run: a smollm2 checkpoint (weights + AdamW state) is 1.36 GB.
 PAIR_DEFAULTS = {
-    "tiny": dict(steps=600, batch_size=64, samples_per_prompt=4, lr=1.5e-3, warmup=20, schedule="cosine",
-                 eval_every=100, eval_prompts=256, ckpt_every=100),
+    "tiny": dict(
+        steps=600,
+        batch_size=64,
+        samples_per_prompt=4,
+        lr=1.5e-3,
+        warmup=20,
+        schedule="cosine",
+        eval_every=100,
+        eval_prompts=256,
+        ckpt_every=100,
+    ),
     "smollm2": dict(steps=12, lr=5e-5, eval_every=6, ckpt_every=0, ckpt_minutes=5.0),
     "gemma3": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0),
     "custom": dict(steps=20, lr=5e-5, eval_every=5, ckpt_every=0, ckpt_minutes=5.0),
@@ -146,8 +201,16 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
         rewards_B = exact_match_rewards(rollout.responses(pair.tokenizer), [p.answer for p in prompts])
         advantages_B = group_advantages(rewards_B, cfg.samples_per_prompt)
         extra["reward"] = rewards_B.mean().item()
-    loss, stats = opd_loss(pair.student, pair.teacher, rollout, estimator=cfg.loss, chunk=cfg.kl_chunk,
-                           tis_cap=cfg.tis_cap, advantages_B=advantages_B)
+    loss, stats = opd_loss(
+        pair.student,
+        pair.teacher,
+        rollout,
+        estimator=cfg.loss,
+        chunk=cfg.kl_chunk,
+        tis_cap=cfg.tis_cap,
+        center=cfg.center_advantages,
+        advantages_B=advantages_B,
+    )
     kl_N = stats.pop("mismatch_N")
     if kl_N is None:  # the engine's distributions were too large to record: re-score them (approximate)
         kl_N = rescored_token_kl(batches.engine, pair.student, rollout, chunk=cfg.kl_chunk)
@@ -157,14 +220,25 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
     grad_norm = torch.nn.utils.clip_grad_norm_(pair.student.parameters(), cfg.grad_clip or float("inf"))
     for what, value in (("loss", loss), ("gradient norm", grad_norm)):
         if not torch.isfinite(value):
-            raise NonFinite(f"step {step}: the {what} is {value.item()}; stopped before the update (lower "
-                            "--lr, keep --grad-clip on); the last checkpoint and metrics.jsonl hold the good "
-                            "steps")
+            raise NonFinite(
+                f"step {step}: the {what} is {value.item()}; stopped before the update (lower "
+                "--lr, keep --grad-clip on); the last checkpoint and metrics.jsonl hold the good "
+                "steps"
+            )
     optimizer.step()
-    return {"step": step, "loss": loss.item(), **stats, **extra, "mismatch_kl": kl_N.mean().item(),
-            "prefix_kl": prefix_shift_kl(kl_N, rollout).mean().item(), "engine_version": rollout.version,
-            "grad_norm": grad_norm.item(), "response_len": rollout.response_mask.sum(1).float().mean().item(),
-            "sample_seconds": sample_seconds, "seconds": time.time() - t0}
+    return {
+        "step": step,
+        "loss": loss.item(),
+        **stats,
+        **extra,
+        "mismatch_kl": kl_N.mean().item(),
+        "prefix_kl": prefix_shift_kl(kl_N, rollout).mean().item(),
+        "engine_version": rollout.version,
+        "grad_norm": grad_norm.item(),
+        "response_len": rollout.response_mask.sum(1).float().mean().item(),
+        "sample_seconds": sample_seconds,
+        "seconds": time.time() - t0,
+    }
 
 
 def trajectory(pair, steps: int, device, **overrides) -> list[dict]:
@@ -214,12 +288,20 @@ def prepare(cfg: TrainConfig, resume: bool) -> Run:
     after it releases the lock and leaves the folder as it was."""
     run_dir = check_target(cfg.out_dir, cfg.name, resume)  # a fast refusal; claim() decides under the lock
     device = resolve_device(cfg.device)
-    pair = load_pair(cfg.pair, teacher=cfg.teacher, student=cfg.student, device=device,
-                     student_layers=cfg.student_layers, prompts=cfg.prompts)
+    pair = load_pair(
+        cfg.pair,
+        teacher=cfg.teacher,
+        student=cfg.student,
+        device=device,
+        student_layers=cfg.student_layers,
+        prompts=cfg.prompts,
+    )
     check_prompts(pair, cfg.rollout.max_new_tokens)
     if cfg.loss == "grpo" and any(p.answer is None for p in pair.train_prompts):
-        raise BadInput("--loss grpo needs a verifiable reward: every training prompt must have an \"answer\" "
-                       "(the tiny pair has them)")
+        raise BadInput(
+            '--loss grpo needs a verifiable reward: every training prompt must have an "answer" '
+            "(the tiny pair has them)"
+        )
     torch.manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(pair.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     engine = make_engine(pair, cfg)
@@ -250,8 +332,10 @@ def restore(run: Run) -> None:
         return note_changes(differ)  # killed before its first checkpoint: start again from step 0
     state = load_checkpoint(ckpt, run.device)
     if state["step"] > cfg.steps:
-        raise BadInput(f"--steps {cfg.steps}: {run.dir} already finished {state['step']} steps; "
-                       "--steps can only extend it")
+        raise BadInput(
+            f"--steps {cfg.steps}: {run.dir} already finished {state['step']} steps; "
+            "--steps can only extend it"
+        )
     refuse_unsafe(changes(state.get("config", asdict(cfg)), asdict(cfg)), source=ckpt, safe=SAFE_ON_RESUME)
     restore_state(state, ckpt, model=run.pair.student, optimizer=run.optimizer, batches=run.batches)
     run.batches.engine.version = None  # rebuild from the restored snapshots at the next sync
@@ -266,16 +350,23 @@ def log(run: Run, rec: dict) -> None:
 
 
 def save_checkpoint(run: Run, step: int) -> None:
-    state = {"step": step, "student": run.pair.student.state_dict(), "optimizer": run.optimizer.state_dict(),
-             "batches": run.batches.state(), "config": asdict(run.cfg), "records": list(run.records)}
+    state = {
+        "step": step,
+        "student": run.pair.student.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "batches": run.batches.state(),
+        "config": asdict(run.cfg),
+        "records": list(run.records),
+    }
     atomic_save(state, run.dir / "checkpoint.pt")
 
 
 def train_loop(run: Run, quiet: bool) -> None:
     cfg = run.cfg
     steps = range(run.start, cfg.steps + 1)
-    bar = tqdm(steps, initial=run.start - 1, total=cfg.steps, desc=f"OPD {cfg.name}",
-               disable=quiet, unit="step")
+    bar = tqdm(
+        steps, initial=run.start - 1, total=cfg.steps, desc=f"OPD {cfg.name}", disable=quiet, unit="step"
+    )
     last_ckpt = time.time()
     for step in bar:
         rec = train_step(run.pair, run.batches, cfg, optimizer=run.optimizer, step=step, device=run.device)
@@ -307,13 +398,24 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
         r.stop = stop
         try:
             fresh = r.start == 1 and not resume
-            stop.check("interrupted before the run started; nothing was written" if fresh
-                       else f"interrupted before step {r.start}; resume with: {resume_command(cfg)}")
+            stop.check(
+                "interrupted before the run started; nothing was written"
+                if fresh
+                else f"interrupted before step {r.start}; resume with: {resume_command(cfg)}"
+            )
             start_files(r.dir, r.records, config=asdict(cfg))
             if r.start == 1:  # step 0: the untrained student, evaluated once
                 t0 = time.time()
-                log(r, {"step": 0, "tokens": 0, **evaluate(r.pair, cfg, r.device), "seconds": 0.0,
-                        "eval_seconds": time.time() - t0})
+                log(
+                    r,
+                    {
+                        "step": 0,
+                        "tokens": 0,
+                        **evaluate(r.pair, cfg, r.device),
+                        "seconds": 0.0,
+                        "eval_seconds": time.time() - t0,
+                    },
+                )
                 if not quiet:
                     acc = f", accuracy {r.records[-1]['eval_acc']:.3f}" if "eval_acc" in r.records[-1] else ""
                     tqdm.write(f"step 0: held-out reverse KL {r.records[-1]['eval_rkl']:.3f}{acc}")
@@ -329,7 +431,7 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
 
 def run_or_resume(cfg: TrainConfig) -> list[dict]:
     """The records of run cfg.name: reused when it finished with these very settings (runfiles.reusable_run),
-    resumed when killed, else run (quietly); other settings are refused. How calibrate.py and the study
+    resumed when killed, else run (quietly); other settings are refused. How lab/calibrate.py and the study
     reuse runs."""
     run_dir = Path(cfg.out_dir) / cfg.name
     settings = {k: v for k, v in asdict(cfg).items() if k not in SAFE_ON_RESUME or k == "steps"}
@@ -374,8 +476,9 @@ COMMON_FLAGS = [
 
 def build_parser() -> Parser:
     d = TrainConfig()
-    p = Parser(description="On-policy distillation: the student lowers reverse KL to the teacher on its own "
-               "samples.")
+    p = Parser(
+        description="On-policy distillation: the student lowers reverse KL to the teacher on its own samples."
+    )
     p.add_argument("--pair", default=d.pair, choices=PAIRS, help="embedded pair (default: %(default)s)")
     p.add_argument("--teacher", help="HF id or local folder of the teacher (with --student; replaces --pair)")
     p.add_argument("--student", help="HF id or local folder of the student; shares the teacher's tokenizer")
@@ -387,16 +490,38 @@ def build_parser() -> Parser:
         default = getattr(d, flag[2:].replace("-", "_"))
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     p.add_argument("--schedule", choices=SCHEDULES, help=f"lr after warm-up ({per_pair('schedule')})")
-    p.add_argument("--loss", default=d.loss, choices=ESTIMATORS, help="analytic: full-vocabulary reverse "
-                   "KL; sampled / sampler: sampled-token gradient, trainer's / engine's log-prob in the "
-                   "advantage (tinker: sampler --tis-cap inf); grpo: the RL baseline (default: %(default)s)")
-    p.add_argument("--async", dest="async_rollout", action="store_true",
-                   help="one-step-off: sample the next batch in a background thread during this step")
+    p.add_argument(
+        "--loss",
+        default=d.loss,
+        choices=ESTIMATORS,
+        help="analytic: full-vocabulary reverse "
+        "KL; sampled / sampler: sampled-token gradient, trainer's / engine's log-prob in the "
+        "advantage (tinker: sampler --tis-cap inf); grpo: the RL baseline (default: %(default)s)",
+    )
+    p.add_argument(
+        "--center-advantages",
+        action="store_true",
+        default=None,
+        help="sampled / sampler: subtract the batch's mean advantage from every token's (a baseline)",
+    )
+    p.add_argument(
+        "--async",
+        dest="async_rollout",
+        action="store_true",
+        help="one-step-off: sample the next batch in a background thread during this step",
+    )
     p.add_argument("--device", default=d.device, choices=DEVICES, help="(default: %(default)s: CUDA if any)")
-    p.add_argument("--name", default=d.name, help="run folder under --out-dir, one folder name "
-                   "(default: <pair>-<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue --out-dir/--name from its last checkpoint "
-                   f"with its saved config (may change: {', '.join(SAFE_ON_RESUME[:4])}; --steps only up)")
+    p.add_argument(
+        "--name",
+        default=d.name,
+        help="run folder under --out-dir, one folder name (default: <pair>-<timestamp>)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue --out-dir/--name from its last checkpoint "
+        f"with its saved config (may change: {', '.join(SAFE_ON_RESUME[:4])}; --steps only up)",
+    )
     add_rollout_args(p.add_argument_group("rollout engine"))
     return p
 
@@ -405,8 +530,9 @@ def config_from_args(args) -> TrainConfig:
     """The pair's TrainConfig (PAIR_DEFAULTS), with every flag the user gave on top."""
     pair = "custom" if args.teacher else args.pair
     cfg = pair_config(pair)
-    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
-             if getattr(args, f.name, None) is not None}
+    given = {
+        f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None
+    }
     given.update(pair=pair, name=args.name or f"{pair}-{time.strftime('%Y%m%d-%H%M%S')}")
     given.pop("rollout", None)
     cfg = replace(cfg, **given)
@@ -427,8 +553,13 @@ def config_for(args, given: set[str]) -> TrainConfig:
     cfg = replace(load_config(run_dir, TrainConfig), out_dir=args.out_dir, name=args.name)
     choices = {"pair": (*PAIRS, "custom"), "loss": ESTIMATORS, "schedule": SCHEDULES}
     recheck_flags(cfg, PER_PAIR_FLAGS + COMMON_FLAGS, choices=choices, where=f"{run_dir}/config.json")
-    new = resume_changes(asdict(cfg), asdict(config_from_args(args)), given=given, safe=SAFE_ON_RESUME,
-                         source=run_dir / "config.json")
+    new = resume_changes(
+        asdict(cfg),
+        asdict(config_from_args(args)),
+        given=given,
+        safe=SAFE_ON_RESUME,
+        source=run_dir / "config.json",
+    )
     return replace(cfg, **new)
 
 

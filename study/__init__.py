@@ -1,6 +1,7 @@
 """The study: the experiments behind the project's findings, each a set of short train.py runs or probe
 measurements summarised into results/ (a JSON file and a plot each). One module per experiment:
 
+    lr               each loss's clean baseline by learning rate, and the rate it trains at (study/lr.py)
     validate         the admission check against real training (study/validate.py)
     rl               OPD vs GRPO under the same rollout configurations (study/opd_vs_rl.py)
     prefix           per-token vs prefix-shift mismatch, three OPD estimators (study/prefix.py)
@@ -12,7 +13,7 @@ measurements summarised into results/ (a JSON file and a plot each). One module 
 
 Run them as `python -m study <experiment> ...`; finished runs are reused and killed ones resume
 (train.run_or_resume), so any command can be rerun. The training settings of every study run are
-calibrate.study_config's (STUDY_TRAIN, the same for every loss; validate trains at the settings its budget
-records), except rl's, which pins its own (study.opd_vs_rl.RL_COMMON) so that GRPO learns, and prefix's
-(study.prefix.PREFIX_TRAIN).
+lab.calibrate.study_config's (STUDY_TRAIN, and each loss's own rate once `lr` has chosen it; validate
+trains at the settings its budget records), except rl's, which pins its own (study.opd_vs_rl.RL_COMMON) so
+that GRPO learns, and prefix's (study.prefix.PREFIX_TRAIN).
 """

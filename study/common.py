@@ -8,8 +8,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from calibrate import short_run
-from runfiles import atomic_savefig, atomic_write_text
+from lab.calibrate import short_run
+from lab.runfiles import atomic_savefig, atomic_write_text
 
 RESULTS = Path("results")
 
@@ -93,4 +93,3 @@ def save_figure(_, fig, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     atomic_savefig(fig, path)
-

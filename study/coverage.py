@@ -3,13 +3,13 @@
 For each pair and cell of CELLS (weight noise σ ∈ {0.03, 0.1, 0.3, 1.0}, and fp8 weights), our own engine
 samples `draws` independent sets of `size` sequences (draw i: its own sampling and noise seed; prompts
 i·size, i·size + 1, … taken cyclically from the held-out then the training prompts, so sequences are
-i.i.d. and a reused prompt gets a fresh seed). Each draw is judged as a dump would be (kl.dump_estimate,
-without and with its top-k fields), and its CI is compared with that draw's exact KL (mean over its tokens
-of the engine's recorded distributions against the trainer's, float64):
+i.i.d. and a reused prompt gets a fresh seed). Each draw is judged as a dump would be
+(port.estimate.dump_estimate, without and with its top-k fields), and its CI is compared with that draw's
+exact KL (mean over its tokens of the engine's recorded distributions against the trainer's, float64):
     miss        fraction of draws with ci_high < exact    (a 95% two-sided CI should miss above <= 2.5%)
     width       mean (ci_high − ci_low) / exact
     plain       the same for the estimator's own percentile interval (ci_estimator), without the rule
-    flagged     fraction of draws kl.dump_flags calls unreadable (our own dumps: none should be)
+    flagged     fraction of draws port.estimate.dump_flags calls unreadable (our own dumps: none should be)
 The draws are cached (one file each, under $OPD_CACHE/coverage), so a rerun only judges.
 
     python -m study coverage --pair tiny --draws 200      # ~5 min on a 2-core CPU
@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dumps import Dump
-from kl import dump_estimate
+from port.dumps import Dump
+from port.estimate import dump_estimate
 from mismatch import measure_config
 from models import cache_dir, format_prompt, load_pair
 from rollout import RolloutConfig
-from runfiles import atomic_write_text
+from lab.runfiles import atomic_write_text
 from study.common import RESULTS, slug
 
 CELLS = (

@@ -20,9 +20,9 @@ import statistics
 from pathlib import Path
 
 from budget import loss_label, read_budget
-from calibrate import run_name
+from lab.calibrate import run_name
 from cli import BadInput, atomic_write_text
-from runfiles import read_metrics
+from lab.runfiles import read_metrics
 from study.common import RESULTS
 
 WINDOWS = ("first", "middle", "last")
@@ -69,7 +69,7 @@ def drift(budget_path: Path) -> dict:
         metrics = runs / run_name(p["source"], p["seed"]) / "metrics.jsonl"
         if not metrics.is_file():
             raise BadInput(
-                f"{metrics}: missing; rerun `{budget.get('command', 'python calibrate.py')}` first"
+                f"{metrics}: missing; rerun `{budget.get('command', 'python -m lab.calibrate')}` first"
             )
         row = rows.setdefault(p["source"], {"probe": [], **{w: [] for w in WINDOWS}})
         row["probe"].append(p["mismatch"])

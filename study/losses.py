@@ -17,8 +17,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from budget import loss_label, read_budget
-from calibrate import budget_ci, fit_budget, fit_points
-from runfiles import atomic_savefig
+from lab.calibrate import budget_ci, fit_budget, fit_points
+from lab.runfiles import atomic_savefig
 from study.common import RESULTS
 
 BUDGETS = Path("budgets")

@@ -6,9 +6,9 @@ estimators as σ grows: analytic (immune to the per-token part), sampled-token, 
 
 from pathlib import Path
 
-from calibrate import TINY_EARLY
+from lab.calibrate import TINY_EARLY
 from models import device_label
-from runfiles import read_metrics
+from lab.runfiles import read_metrics
 from study.common import (
     RESULTS,
     mean_by,

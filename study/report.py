@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from budget import loss_label
-from calibrate import paired_loss_gate
+from lab.calibrate import paired_loss_gate
 from cli import atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
@@ -90,7 +90,7 @@ def budget_section(path: Path, b: dict) -> str:
     how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
     return (
         f"### {loss_label(b['loss'], b['tis_cap'])}\n\n"
-        f"`{b.get('command') or 'python calibrate.py --pair ' + b['pair']}`: "
+        f"`{b.get('command') or 'python -m lab.calibrate --pair ' + b['pair']}`: "
         f"budget **{budget_text(b)} nats/token** ({how}); "
         f"tolerance {b['tolerance']['nats']:.4f} nats "
         f"({b['tolerance']['fraction']:.0%} of the baseline's "

@@ -16,7 +16,7 @@ from mismatch import measure_config
 from models import device_label, format_prompt, load_pair
 from quant import kv_bytes_per_token
 from rollout import RolloutConfig
-from runfiles import atomic_savefig
+from lab.runfiles import atomic_savefig
 
 
 def block_skip(n_layers: int, quantized: set[int]) -> tuple:

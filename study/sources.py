@@ -6,7 +6,7 @@ steps ago (admit.stale_versions: the study's training settings, seed 0, from the
 """
 
 from admit import stale_versions
-from calibrate import train_settings
+from lab.calibrate import train_settings
 from mismatch import DEFAULT_PROBES, PROBES, measure_sources, print_results
 from models import format_prompt, load_pair
 from rollout import rollout_config_from_args

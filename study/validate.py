@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from admit import check
 from budget import loss_label, read_budget
-from calibrate import study_config, train_settings, trained_on
+from lab.calibrate import study_config, train_settings, trained_on
 from cli import BadInput
 from models import device_label, load_pair
 from study.common import RESULTS, mean_by, paired, sweep, write

@@ -1,4 +1,4 @@
-"""Exports in each system's own layout, written from the field names in native.py's docstring (each read in
+"""Exports in each system's own layout, written from the field names in port/native.py's docstring (each read in
 that system's source), never by our own writer: the readers are tested against these.
 
 A `truth` is {step: [(rank, [Seq, ...]), ...]}: per response, the engine's and the trainer's log-probs of
@@ -207,7 +207,7 @@ def write_trl(root: Path, truth: dict) -> Path:
 
 
 def write_project(root: Path, truth: dict) -> Path:
-    """dumps.py's schema, one JSONL file per step, kept tokens only."""
+    """port/dumps.py's schema, one JSONL file per step, kept tokens only."""
     root.mkdir(parents=True, exist_ok=True)
     for step, rows in truth.items():
         lines = []

@@ -13,7 +13,7 @@ import pytest
 
 from admit import budget_band, judge, verdict
 from budget import SCHEMA_VERSION
-from calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd, refuse_noise
+from lab.calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd, refuse_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,18 +135,24 @@ def test_a_stale_candidate_against_a_sampled_token_budget_is_judged_on_the_stale
     verdict at or below one that stayed within, uncertain otherwise; never for the analytic loss or a fresh
     engine. And the budget's curve is fitted without the stale runs, for sampled-token losses only."""
     from admit import stale_axis, with_stale_axis
-    from calibrate import fit_points
+    from lab.calibrate import fit_points
 
     def stale(k, losses):
         return [{"source": f"staleness {k}", "mismatch": 0.002, "quality_loss": q} for q in losses]
 
     noise = [{"source": "noise 0.1", "mismatch": 0.2, "quality_loss": 0.04}]
-    budget = {"loss": "sampler", "tis_cap": math.inf, "points": stale(2, (0.05, 0.07)) + noise,
-              "tolerance": {"nats": 0.031}}
+    budget = {
+        "loss": "sampler",
+        "tis_cap": math.inf,
+        "points": stale(2, (0.05, 0.07)) + noise,
+        "tolerance": {"nats": 0.031},
+    }
     for k in (2, 4):
         axis = stale_axis(budget, staleness=k)
         assert axis["verdict"] == "reject", axis
-        assert "staleness 2: 0.002 nats/token, quality loss +0.060 (2 seeds); tolerance 0.031" in axis["reason"]
+        assert (
+            "staleness 2: 0.002 nats/token, quality loss +0.060 (2 seeds); tolerance 0.031" in axis["reason"]
+        )
         assert "noise" not in axis["reason"]
     below = stale_axis(budget, staleness=1)
     assert below["verdict"] == "uncertain" and "calibrate with --real staleness-1" in below["reason"], below
@@ -159,7 +165,10 @@ def test_a_stale_candidate_against_a_sampled_token_budget_is_judged_on_the_stale
     # the axis overrules an admit or an uncertain, and rejects; it never turns the scale's reject into less
     admit, reject = {"verdict": "admit"}, {"verdict": "reject"}
     assert with_stale_axis(admit, below) is below and with_stale_axis(reject, below) is reject
-    assert with_stale_axis(admit, None) is admit and with_stale_axis(admit, stale_axis(budget, 2))["verdict"] == "reject"
+    assert (
+        with_stale_axis(admit, None) is admit
+        and with_stale_axis(admit, stale_axis(budget, 2))["verdict"] == "reject"
+    )
     assert fit_points(budget["points"], "sampler") == noise
     assert fit_points(budget["points"], "analytic") == budget["points"]
 
@@ -207,18 +216,20 @@ def test_uncertain_estimates_extra_probes():
 
 
 def cli(*args, cwd, script="admit.py"):
+    """Run a project CLI: a script path (admit.py) or a module (-m lab.calibrate), from `cwd`."""
+    entry = ["-m", script] if not script.endswith(".py") else [str(ROOT / script)]
     return subprocess.run(
-        [sys.executable, str(ROOT / script), *args],
+        [sys.executable, *entry, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
     )
 
 
 def calibrate_cli(*args, cwd):
-    return cli(*args, cwd=cwd, script="calibrate.py")
+    return cli(*args, cwd=cwd, script="lab.calibrate")
 
 
 @pytest.fixture(scope="module")
@@ -305,8 +316,19 @@ def test_calibrate_with_other_steps_never_reuses_or_overwrites_the_longer_runs(c
     exit 2, every file as it was (with or without the runs' checkpoints)."""
     files = {p: p.read_bytes() for p in calibrated.rglob("*") if p.is_file()}
     result = calibrate_cli(
-        "--pair", "tiny", "--out", str(calibrated), "--noise-grid", "0.01,0.1", "--real", "",
-        "--steps", "1", "--seeds", "1", cwd=calibrated.parent,
+        "--pair",
+        "tiny",
+        "--out",
+        str(calibrated),
+        "--noise-grid",
+        "0.01,0.1",
+        "--real",
+        "",
+        "--steps",
+        "1",
+        "--seeds",
+        "1",
+        cwd=calibrated.parent,
     )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and lines[-1].startswith("error: ") and "Traceback" not in result.stderr
@@ -315,7 +337,7 @@ def test_calibrate_with_other_steps_never_reuses_or_overwrites_the_longer_runs(c
 
 
 def test_a_reused_calibration_says_where_its_points_trained():
-    from calibrate import trained_on
+    from lab.calibrate import trained_on
 
     fresh, old = {"source": "noise 0.1"}, {"source": "noise 0.3", "reused": True}
     assert trained_on({"device": "A", "points": [fresh]}) == "A"
@@ -332,14 +354,16 @@ def test_calibrate_reuses_a_recorded_calibration_without_its_runs(calibrated, tm
     record = tmp_path / "recorded.json"
     record.write_bytes((calibrated / "budget.json").read_bytes())
     common = ["--pair", "tiny", "--noise-grid", "0.01,0.1,0.3", "--real", "", "--seeds", "1"]
-    bad = calibrate_cli(*common, "--out", str(tmp_path / "bad"), "--steps", "3", "--reuse", str(record),
-                        cwd=tmp_path)
+    bad = calibrate_cli(
+        *common, "--out", str(tmp_path / "bad"), "--steps", "3", "--reuse", str(record), cwd=tmp_path
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
     assert "its steps is 2, this calibration's is 3" in bad.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "bad").exists()
     out = tmp_path / "more"
-    result = calibrate_cli(*common, "--out", str(out), "--steps", "2", "--tolerance", "0.2",
-                           "--reuse", str(record), cwd=tmp_path)
+    result = calibrate_cli(
+        *common, "--out", str(out), "--steps", "2", "--tolerance", "0.2", "--reuse", str(record), cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     old, new = json.loads(record.read_text()), json.loads((out / "budget.json").read_text())
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["noise_0.3-seed0"]
@@ -347,7 +371,8 @@ def test_calibrate_reuses_a_recorded_calibration_without_its_runs(calibrated, tm
     drop = ("quality_loss", "reused")
     for was, now in zip(old["points"], new["points"]):
         assert now["reused"] is True and {k: v for k, v in now.items() if k not in drop} == {
-            k: v for k, v in was.items() if k not in drop}
+            k: v for k, v in was.items() if k not in drop
+        }
     assert new["points"][3]["source"] == "noise 0.3" and "reused" not in new["points"][3]
     assert new["noise"]["eval_sd_by_prompts"] == old["noise"]["eval_sd_by_prompts"]
     assert new["tolerance"]["nats"] == pytest.approx(4 * old["tolerance"]["nats"])  # 20% against 5%
@@ -384,8 +409,8 @@ def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
     the same samples inside its CI, and a .pt dump of the same numbers gives the same estimate."""
     import torch
 
-    from dumps import read_dump, write_dump
-    from kl import dump_estimate
+    from port.dumps import read_dump, write_dump
+    from port.estimate import dump_estimate
     from mismatch import measure_config
     from models import format_prompt
     from rollout import RolloutConfig
@@ -420,7 +445,7 @@ def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
 
 
 def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
-    from dumps import write_dump
+    from port.dumps import write_dump
     from mismatch import measure_config
     from models import format_prompt
     from rollout import RolloutConfig
@@ -471,7 +496,10 @@ def test_a_budget_holds_for_its_loss_only(tmp_path):
     args = ["--pair", "tiny", "--probes", "8", "--staleness", "1"]
     stale = cli("check", "--budget", str(out / "budget.json"), *args, cwd=tmp_path)
     assert stale.returncode == 4, stale.stderr[-2000:]
-    assert "UNCERTAIN for the sampler-is loss" in stale.stdout and "no calibration run brackets 1" in stale.stdout
+    assert (
+        "UNCERTAIN for the sampler-is loss" in stale.stdout
+        and "no calibration run brackets 1" in stale.stdout
+    )
     refused = cli("check", "--budget", str(out / "budget.json"), "--loss", "analytic", cwd=tmp_path)
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr

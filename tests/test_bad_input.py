@@ -74,8 +74,9 @@ def write_hostile_fixtures(root: Path) -> None:
     # distinct prompts (a repeated one is refused first, as both held out and trained on)
     (root / "surrogate.jsonl").write_text("".join(f'{{"prompt": "{i}+\\ud800="}}\n' for i in range(12)))
     long_prompt = {"prompt": "1+" * 40 + "1="}  # 82 characters; tiny's context is 64 tokens
-    (root / "long.jsonl").write_text("".join(json.dumps(p) + "\n" for p in [
-        *({"prompt": f"{i}+1="} for i in range(11)), long_prompt]))
+    (root / "long.jsonl").write_text(
+        "".join(json.dumps(p) + "\n" for p in [*({"prompt": f"{i}+1="} for i in range(11)), long_prompt])
+    )
     (root / "alien.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+x="}) + "\n" for i in range(12)))
     (root / "one.jsonl").write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
     (root / "dup.jsonl").write_text((json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n") * 12)
@@ -88,7 +89,9 @@ def write_hostile_fixtures(root: Path) -> None:
     }
     for name, budget in budgets.items():
         (root / name).write_text(json.dumps(budget))
-    (root / "bigint_budget.json").write_text(json.dumps(GOOD_BUDGET).replace('"budget": 1.0', '"budget": 1' + "0" * 400))
+    (root / "bigint_budget.json").write_text(
+        json.dumps(GOOD_BUDGET).replace('"budget": 1.0', '"budget": 1' + "0" * 400)
+    )
     (root / "nested.json").write_text("[" * 100_000 + "]" * 100_000)
     good = {"engine_logprobs": [-1.0, -2.0], "train_logprobs": [-1.0, -2.0]}
     (root / "bigint.jsonl").write_text(json.dumps(good).replace("-2.0]", "-1" + "0" * 400 + "]", 1) + "\n")
@@ -99,7 +102,9 @@ def write_hostile_fixtures(root: Path) -> None:
     torch.save({"engine_logprobs": t, "train_logprobs": t, "mask": "all"}, root / "strmask.pt")
     torch.save({"engine_logprobs": t.long(), "train_logprobs": t, "mask": t}, root / "intlogp.pt")
     big = torch.full((200_001, 1), -1.0)
-    torch.save({"engine_logprobs": big, "train_logprobs": big, "mask": torch.ones(200_001, 1)}, root / "big.pt")
+    torch.save(
+        {"engine_logprobs": big, "train_logprobs": big, "mask": torch.ones(200_001, 1)}, root / "big.pt"
+    )
     write_bad_pairs(root)
 
 
@@ -268,8 +273,17 @@ TRAIN = [
     # pairs whose models and tokenizer agree
     (["--teacher", "noweights", "--student", "noweights", "--prompts", "pairprompts.jsonl"], "cannot load"),
     (["--teacher", "noeos/teacher", "--student", "noeos/student", "--prompts", "pairprompts.jsonl"], "EOS"),
-    (["--teacher", "smallvocab/teacher", "--student", "smallvocab/student", "--prompts", "pairprompts.jsonl"],
-     "output logits"),
+    (
+        [
+            "--teacher",
+            "smallvocab/teacher",
+            "--student",
+            "smallvocab/student",
+            "--prompts",
+            "pairprompts.jsonl",
+        ],
+        "output logits",
+    ),
     # a resumed folder: typed config.json, checkpoint, metrics; flags that would change the run
     (["--resume", "--name", "strsteps"], "steps is 'abc'"),
     (["--resume", "--name", "strlr"], "lr is 'fast'"),
@@ -309,20 +323,19 @@ OTHERS = [
     ("admit", ["check", "--budget", "sampled_budget.json", "--tis-cap", "2"], "for loss sampled;"),
     ("admit", ["check", "--budget", "noloss_budget.json"], "loss is None"),
     ("admit", ["check", "--budget", "infcap_budget.json", "--tis-cap", "-1"], "--tis-cap"),
-    ("calibrate", ["--tis-cap", "2"], "analytic loss has no importance weights"),
+    ("lab.calibrate", ["--tis-cap", "2"], "analytic loss has no importance weights"),
     ("admit", ["check", "--budget", "nan_budget.json"], "budget is nan"),
     ("admit", ["check", "--budget", "v1_budget.json"], "schema_version 1"),
     ("admit", ["check", "--budget", "smollm2_budget.json"], "'smollm2'"),
     ("admit", ["check", "--budget", "bad_how.json"], "guess"),
     ("admit", ["check", "--budget", "afile"], "not JSON"),
-    ("calibrate", ["--tolerance", "1.5"], "--tolerance"),
-    ("calibrate", ["--noise-grid", "a,b"], "--noise-grid"),
-    ("calibrate", ["--noise-grid", "nan"], "--noise-grid"),
-    ("calibrate", ["--real", "bogus"], "bogus"),
-    ("calibrate", ["--steps", "0"], "--steps"),
-    ("calibrate", ["--reuse", "missing.json"], "--reuse missing.json: no such file"),
-    ("calibrate", ["--reuse", "smollm2_budget.json"], "'smollm2'"),
-    ("admit", ["calibrate", "--steps", "2"], "python calibrate.py"),
+    ("lab.calibrate", ["--tolerance", "1.5"], "--tolerance"),
+    ("lab.calibrate", ["--noise-grid", "a,b"], "--noise-grid"),
+    ("lab.calibrate", ["--noise-grid", "nan"], "--noise-grid"),
+    ("lab.calibrate", ["--real", "bogus"], "bogus"),
+    ("lab.calibrate", ["--steps", "0"], "--steps"),
+    ("lab.calibrate", ["--reuse", "missing.json"], "--reuse missing.json: no such file"),
+    ("lab.calibrate", ["--reuse", "smollm2_budget.json"], "'smollm2'"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "empty.jsonl"], "no sequences"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "lengths.jsonl"], "lengths.jsonl:1"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "nan.jsonl"], "nan.jsonl:1"),
@@ -360,7 +373,7 @@ OTHERS = [
     ("mismatch", ["--dump-out", "fifo"], "not a regular file"),
     ("mismatch", ["--dump-out", "afile/x.jsonl"], "--dump-out"),
     ("study.__main__", ["sensitivity", "--out", "afile/sub"], "afile is a file"),
-    ("calibrate", ["--out", "afile/sub"], "afile is a file"),
+    ("lab.calibrate", ["--out", "afile/sub"], "afile is a file"),
     # numbers
     ("mismatch", ["--seed", "-1"], "--seed"),
     ("mismatch", ["--max-new-tokens", "70"], "context"),
@@ -436,8 +449,20 @@ def test_bad_input_is_one_line_exit_2(workdir, monkeypatch, capsys, module, argv
     assert tree(workdir) == before, "a refused command created or changed files"
 
 
-CLIS = ("train", "mismatch", "quant", "admit", "calibrate", "study.__main__", "rollout", "models", "opd_minimal",
-        "tools.bench_sampler", "tools.bench_check", "tools.bench_noise")
+CLIS = (
+    "train",
+    "mismatch",
+    "quant",
+    "admit",
+    "lab.calibrate",
+    "study.__main__",
+    "rollout",
+    "models",
+    "opd_minimal",
+    "tools.bench_sampler",
+    "tools.bench_check",
+    "tools.bench_noise",
+)
 
 
 def test_every_cli_and_every_bounded_flag_of_train_has_a_refusal_case():
@@ -478,7 +503,7 @@ def metric_lines(run_dir: Path) -> list[dict]:
 
 
 def test_reusable_run_needs_the_same_settings_and_an_evaluation_at_the_step(workdir):
-    from runfiles import reusable_run
+    from lab.runfiles import reusable_run
 
     done = workdir / "runs" / "done"
     settings = json.loads((done / "config.json").read_text())
@@ -496,7 +521,7 @@ def test_run_or_resume_refuses_a_finished_run_made_with_other_steps(workdir, mon
 
     import train
     from cli import BadInput
-    from runfiles import load_config
+    from lab.runfiles import load_config
 
     monkeypatch.chdir(workdir)
     done = workdir / "runs" / "done"
@@ -512,7 +537,7 @@ def test_the_lock_appears_with_its_content_or_not_at_all(tmp_path, monkeypatch):
     """A process paused for 1 s inside taking the lock (its content written, not yet linked into place): a
     second one takes the lock meanwhile, the first is then refused, and .lock is never seen empty."""
     from cli import BadInput
-    from runfiles import RunLock
+    from lab.runfiles import RunLock
 
     real_link = os.link
 
@@ -555,7 +580,7 @@ def test_a_lock_is_judged_by_its_flock_never_by_its_content(tmp_path):
     import fcntl
 
     from cli import BadInput
-    from runfiles import RunLock
+    from lab.runfiles import RunLock
 
     path = tmp_path / ".lock"
     path.write_text("")
@@ -601,8 +626,14 @@ train.load_pair = slow_load
 train.main({args!r})
 """
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", slow], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", slow],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 120
     while not (tmp_path / "slow_checked").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -632,8 +663,9 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_stops_at_a_safe_point_and_the_resume_is_exact(tmp_path, monkeypatch, capsys, uninterrupted,
-                                                                signum):
+def test_a_signal_stops_at_a_safe_point_and_the_resume_is_exact(
+    tmp_path, monkeypatch, capsys, uninterrupted, signum
+):
     """SIGINT/SIGTERM mid-run: one line naming the step and the resume command, exit 128 + signal, a
     checkpoint at that step, the lock released. metrics.jsonl is then damaged (a line lost, one repeated):
     the resume repairs it from the checkpoint's copy, and ends exactly where the uninterrupted run did."""
@@ -711,8 +743,9 @@ WRITES = [(".lock", 1), ("config.json", 1), ("metrics.jsonl", 2), ("checkpoint.p
 
 
 @pytest.mark.parametrize("target, nth", WRITES, ids=[t for t, _ in WRITES])
-def test_a_full_disk_at_any_write_is_one_line_exit_5_and_nothing_half_written(tmp_path, monkeypatch, capsys,
-                                                                              target, nth):
+def test_a_full_disk_at_any_write_is_one_line_exit_5_and_nothing_half_written(
+    tmp_path, monkeypatch, capsys, target, nth
+):
     import train
 
     monkeypatch.chdir(tmp_path)
@@ -758,8 +791,10 @@ def test_resume_applies_the_safe_flags_and_records_them(workdir, tmp_path, monke
     train.main(["--name", "again", "--resume", "--steps", "3", "--ckpt-every", "3", "--pair", "tiny"])
     err = capsys.readouterr().err
     notes = [line for line in err.splitlines() if line.startswith("note:")]
-    assert notes == ["note: --resume: ckpt_every 3 (was 100); recorded in config.json",
-                     "note: --resume: steps 3 (was 2); recorded in config.json"], err
+    assert notes == [
+        "note: --resume: ckpt_every 3 (was 100); recorded in config.json",
+        "note: --resume: steps 3 (was 2); recorded in config.json",
+    ], err
     saved = json.loads((tmp_path / "runs" / "again" / "config.json").read_text())
     assert (saved["steps"], saved["ckpt_every"]) == (3, 3)
     assert [r["step"] for r in metric_lines(tmp_path / "runs" / "again")] == [0, 1, 2, 3]
@@ -771,7 +806,9 @@ def test_a_read_only_output_folder_is_refused_before_any_work(tmp_path, monkeypa
     from cli import BadInput, check_output_dir, check_output_file
 
     real_access = os.access
-    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    monkeypatch.setattr(
+        cli.os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode)
+    )
     with pytest.raises(BadInput, match="is not writable"):
         check_output_dir(tmp_path / "runs", "--out-dir")
     with pytest.raises(BadInput, match="is not writable"):
@@ -780,7 +817,7 @@ def test_a_read_only_output_folder_is_refused_before_any_work(tmp_path, monkeypa
 
 def test_a_zero_byte_or_truncated_cache_file_is_one_line(tmp_path):
     from cli import BadInput
-    from runfiles import load_cached
+    from lab.runfiles import load_cached
 
     (tmp_path / "empty.pt").write_bytes(b"")
     torch.save([{"w": torch.ones(1000)}], tmp_path / "whole.pt")

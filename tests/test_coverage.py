@@ -11,8 +11,8 @@ import torch
 import admit
 import budget
 from cli import BadInput
-from dumps import Dump, read_dump, write_dump
-from kl import dump_estimate, dump_flags, seq_mean_se
+from port.dumps import Dump, read_dump, write_dump
+from port.estimate import dump_estimate, dump_flags, seq_mean_se
 from mismatch import measure_config
 from models import format_prompt
 from rollout import RolloutConfig

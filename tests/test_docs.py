@@ -131,8 +131,8 @@ def layer_table(text: str) -> dict[str, int]:
     """{module or package: layer} from the rows `| N | `a.py`, `b/` | ... |` of a document's layer table."""
     table = {}
     for layer, files in re.findall(r"^\| (\d+) \| ([^|]*) \|", text, flags=re.M):
-        for name in re.findall(r"`([\w]+)(?:\.py|/)`", files):
-            table[name] = int(layer)
+        for package, name in re.findall(r"`(?:(lab|port)/)?([\w]+)(?:\.py|/)`", files):
+            table[f"{package}.{name}" if package else name] = int(layer)
     return table
 
 

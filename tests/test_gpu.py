@@ -19,9 +19,9 @@ from loss import opd_loss
 from models import format_prompt, load_pair
 from quant import HAVE_TORCHAO, KVScales, fp8_dyn_available, fp8_kv_cache, quantize_weights
 from rollout import RolloutConfig, RolloutEngine, decode, encode_prompts, generate, positions, prefill
-from runfiles import load_checkpoint
+from lab.runfiles import load_checkpoint
 from tools import gpu_check
-from calibrate import TINY_EARLY, study_config
+from lab.calibrate import TINY_EARLY, study_config
 from train import run
 
 from transformers import DynamicCache  # isort: skip

@@ -213,3 +213,76 @@ def test_token_kl_in_blocks_equals_one_pass():
     logp_e, logp_t = torch.log_softmax(engine_N_V.double(), -1), torch.log_softmax(train_N_V.double(), -1)
     assert torch.equal(token_kl(engine_N_V, train_N_V), (logp_e.exp() * (logp_e - logp_t)).sum(-1))
     assert token_kl(engine_N_V[:0], train_N_V[:0]).shape == (0,)
+
+
+def enumerated_gradient(student, teacher, engine_logp, *, estimator, weights, b):
+    """E_{y~π_e}[∇ of one token's loss term −w(y)(A(y) − b) log p(y)], summed over the whole vocabulary."""
+    from loss import advantage
+
+    grad = torch.zeros_like(student)
+    for y in range(student.shape[-1]):
+        _, logp_s, logp_t = reverse_kl_terms(student, teacher, torch.tensor([y]))
+        logp_e = engine_logp[:, y]
+        adv = advantage(logp_s, logp_t, logp_e, estimator=estimator)
+        w = (logp_s.detach() - logp_e).exp() if weights == "full" else torch.ones(1)
+        (g,) = torch.autograd.grad(-(w * (adv - b) * logp_s).sum(), student)
+        grad += engine_logp[0, y].exp() * g
+    return grad
+
+
+@pytest.mark.parametrize("estimator", ["sampled", "sampler"])
+def test_centered_estimator_by_enumeration(estimator):
+    """A constant baseline b leaves the expected gradient unbiased on-policy (π_e = p) and under full
+    importance weights; under a mismatched engine with w = 1 it adds exactly −b·∇KL(π_e ‖ p) (loss.py)."""
+    torch.manual_seed(2)
+    V = 7
+    teacher = torch.randn(1, V)
+    student = torch.randn(1, V, requires_grad=True)
+    kl, _, _ = reverse_kl_terms(student, teacher, torch.zeros(1, dtype=torch.long))
+    (grad_analytic,) = torch.autograd.grad(kl.sum(), student)
+    on_policy = torch.log_softmax(student.detach(), -1)
+    for b in (-3.0, 0.7):
+        g = enumerated_gradient(student, teacher, on_policy, estimator=estimator, weights="none", b=b)
+        assert_close(g, grad_analytic, atol=1e-5, what=f"on-policy, b={b}")
+    engine = torch.log_softmax(student.detach() + 0.8 * torch.randn(1, V), -1)
+    g0 = enumerated_gradient(student, teacher, engine, estimator=estimator, weights="none", b=0.0)
+    kl_ep = (engine.exp() * (engine - torch.log_softmax(student, -1))).sum()
+    (grad_kl_ep,) = torch.autograd.grad(kl_ep, student)
+    for b in (-3.0, 0.7):
+        g = enumerated_gradient(student, teacher, engine, estimator=estimator, weights="none", b=b)
+        assert_close(g, g0 - b * grad_kl_ep, atol=1e-5, what=f"mismatched engine, w = 1, b={b}")
+        assert not torch.allclose(g, g0, atol=1e-3)  # the baseline does move it off-policy
+        g_full = enumerated_gradient(student, teacher, engine, estimator=estimator, weights="full", b=b)
+        g_full0 = enumerated_gradient(student, teacher, engine, estimator=estimator, weights="full", b=0.0)
+        assert_close(g_full, g_full0, atol=1e-5, what=f"mismatched engine, w = p/π_e, b={b}")
+    if estimator == "sampled":  # full IS corrects the uncorrected estimator exactly, with or without b
+        assert_close(g_full, grad_analytic, atol=1e-5, what="w = p/π_e: the analytic gradient")
+
+
+def test_centered_loss_in_opd_loss_subtracts_the_batch_mean(tiny_pair):
+    """opd_loss(center=True) equals −mean_t (A_t − mean A) log p(y_t), in value and gradient, computed
+    directly from the rollout's token log-probs; and chunking does not change it."""
+    from rollout import positions
+
+    rollout = batch_rollout(tiny_pair)
+    student, teacher = tiny_pair.student, tiny_pair.teacher
+    kw = dict(
+        input_ids=rollout.tokens,
+        attention_mask=rollout.attention_mask,
+        position_ids=positions(rollout.attention_mask),
+    )
+    target = rollout.targets()
+    y = rollout.tokens[:, 1:][target]
+    logp_s = torch.log_softmax(student(**kw).logits[:, :-1][target], -1).gather(-1, y[:, None])[:, 0]
+    with torch.no_grad():
+        logp_t = torch.log_softmax(teacher(**kw).logits[:, :-1][target], -1).gather(-1, y[:, None])[:, 0]
+    adv = -(logp_s - logp_t).detach()
+    expected = -((adv - adv.mean()) * logp_s).mean()
+    w = student.model.layers[0].mlp.up_proj.weight
+    (g_expected,) = torch.autograd.grad(expected, w)
+    for chunk in (5, 1000):
+        loss, stats = opd_loss(student, teacher, rollout, estimator="sampled", center=True, chunk=chunk)
+        (g,) = torch.autograd.grad(loss, w)
+        assert_close(loss, expected, atol=1e-5, what=f"centred loss, chunk {chunk}")
+        assert_close(g, g_expected, atol=1e-5, what=f"centred gradient, chunk {chunk}")
+        assert abs(stats["advantage_mean"] - adv.mean().item()) < 1e-5

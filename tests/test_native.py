@@ -1,4 +1,4 @@
-"""native.py reads every system's export, written in that system's own layout (native_fixtures.py), to the
+"""port/native.py reads every system's export, written in that system's own layout (native_fixtures.py), to the
 same per-token log-probs, honouring its masks; bad exports are one line naming the file and the field; the
 check and audit CLIs give a per-step table and an audit page."""
 
@@ -21,9 +21,9 @@ from native_fixtures import (
 
 import admit
 import budget
-from audit import by_position, token_estimates
-from kl import dump_estimate
-from native import merge, read_native, select_steps
+from port.audit import by_position, token_estimates
+from port.estimate import dump_estimate
+from port.native import merge, read_native, select_steps
 
 MASKED = {"prime-rl", "slime", "slime-main", "verl", "trl"}  # formats whose responses hold tool tokens
 BUDGET = {

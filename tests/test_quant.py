@@ -170,7 +170,9 @@ def test_weights_rounded_once_give_torchaos_numbers(tiny_pair, mode):
     round_weights_once(once)
     enc = tiny_pair.tokenizer(
         [format_prompt(tiny_pair.tokenizer, t) for t in ("123+45=", "7+8=")],
-        add_special_tokens=False, padding=True, return_tensors="pt",
+        add_special_tokens=False,
+        padding=True,
+        return_tensors="pt",
     )
     with torch.no_grad():
         ref, out = torchao_model(**enc).logits, once(**enc).logits

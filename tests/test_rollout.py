@@ -200,14 +200,15 @@ def test_nucleus_equals_the_full_sort_filter(top_p, V, scales):
     "kv_heads, rows, kv", [(4, 3, "model"), (2, 3, "model"), (2, 1, "model"), (2, 3, "fp8")]
 )
 def test_llama_decode_equals_the_hf_forward_bit_for_bit(tokenizer, kv_heads, rows, kv):
-    """The Llama decode step (`rollout.llama_decode`) against the HF forward it replaces, step after step on
+    """The Llama decode step (`cpu_decode.llama_decode`) against the HF forward it replaces, step after step on
     two caches filled by the same prefill: equal logits, with and without left padding (rows 3 / 1), with
     grouped-query attention (2 key/value heads for 4 query heads) and through the FP8 KV cache."""
     from transformers import DynamicCache, LlamaForCausalLM
 
     from models import cache_arg, tiny_config
     from quant import KVScales, fp8_kv_cache
-    from rollout import encode_prompts, llama_decode, prefill, small_batch_linears
+    from rollout import encode_prompts, prefill
+    from cpu_decode import llama_decode, small_batch_linears
 
     config = tiny_config("student")
     config.num_key_value_heads = kv_heads
@@ -224,9 +225,14 @@ def test_llama_decode_equals_the_hf_forward_bit_for_bit(tokenizer, kv_heads, row
         for _ in range(5):
             token_B = torch.multinomial(logits_B_V.softmax(-1), 1).squeeze(-1)
             attn_B_T = torch.cat([attn_B_T, torch.ones_like(attn_B_T[:, :1])], 1)
-            hf_B_V = model(input_ids=token_B[:, None], attention_mask=attn_B_T,
-                           position_ids=attn_B_T.sum(-1, keepdim=True) - 1, **cache_arg(model, hf_cache),
-                           use_cache=True, logits_to_keep=1).logits[:, -1]
+            hf_B_V = model(
+                input_ids=token_B[:, None],
+                attention_mask=attn_B_T,
+                position_ids=attn_B_T.sum(-1, keepdim=True) - 1,
+                **cache_arg(model, hf_cache),
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
             ours_B_V = llama_decode(model, token_B, attn_B_T, ours_cache)
             assert torch.equal(ours_B_V, hf_B_V), (ours_B_V - hf_B_V).abs().max()
             logits_B_V = hf_B_V

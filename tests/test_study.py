@@ -25,7 +25,10 @@ def test_time_to_quality_counts_training_seconds_up_to_the_first_eval_at_target(
     assert time_to_quality.time_to_quality(records, target=2.0) == (2, 22.0)
     assert time_to_quality.time_to_quality(records, target=1.5) == (4, 42.0)
     assert time_to_quality.time_to_quality(records, target=0.5) == (None, None)
-    assert time_to_quality.time_to_quality(records, target=3.5) == (2, 22.0)  # step 0 (untrained) never counts
+    assert time_to_quality.time_to_quality(records, target=3.5) == (
+        2,
+        22.0,
+    )  # step 0 (untrained) never counts
 
 
 def test_modeled_gpu_projection():
@@ -52,7 +55,7 @@ def test_report_names_the_command_of_every_missing_result(tmp_path, monkeypatch)
 
 
 def test_report_gives_the_budget_interval_recorded_or_refitted_from_the_points():
-    import calibrate
+    from lab import calibrate
 
     budget = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
     budget.pop("budget_ci", None)  # a budget.json written before the interval was recorded
@@ -61,7 +64,9 @@ def test_report_gives_the_budget_interval_recorded_or_refitted_from_the_points()
     assert f"[{ci['lo']:.3g}, {ci['hi']:.3g}]" in study_report.ci_line(budget)
     recorded = {**budget, "budget_ci": {**ci, "hi": None}}
     assert "beyond the largest mismatch tried]" in study_report.ci_line(recorded)
-    assert study_report.ci_line({**budget, "how": "all-within"}) == "", "a lower bound has no crossing to bracket"
+    assert study_report.ci_line({**budget, "how": "all-within"}) == "", (
+        "a lower bound has no crossing to bracket"
+    )
 
 
 def test_report_says_where_a_budgets_reused_runs_trained():
@@ -220,8 +225,12 @@ def test_drift_compares_each_window_of_training_mismatch_with_the_probe_measurem
 
 def test_a_one_pair_coverage_run_keeps_the_other_pairs_results(tmp_path):
     path = tmp_path / "coverage.json"
-    assert study_coverage.merged(path, [{"pair": "tiny", "cells": [1]}]) == [{"pair": "tiny", "cells": [1]}], "no file yet"
-    path.write_text(json.dumps({"results": [{"pair": "tiny", "cells": [1]}, {"pair": "smollm2", "cells": [2]}]}))
+    assert study_coverage.merged(path, [{"pair": "tiny", "cells": [1]}]) == [
+        {"pair": "tiny", "cells": [1]}
+    ], "no file yet"
+    path.write_text(
+        json.dumps({"results": [{"pair": "tiny", "cells": [1]}, {"pair": "smollm2", "cells": [2]}]})
+    )
     out = study_coverage.merged(path, [{"pair": "smollm2", "cells": [3]}])
     assert out == [{"pair": "tiny", "cells": [1]}, {"pair": "smollm2", "cells": [3]}]
 
@@ -250,15 +259,16 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
     smollm2 = validate.candidates_for("smollm2", {**budget, "loss": "analytic"})
     assert smollm2 == validate.VALIDATION["smollm2"]  # two of its list's noises lie within ±30% already
     # a σ the list already holds is not added twice: 0.75 × 0.0533 = 0.04 -> σ 0.2, the list's "noise 0.2"
-    assert [c for c, _ in validate.candidates_for("tiny", {**budget, "loss": "analytic", "budget": 0.0533})
-            ].count("noise 0.2") == 1
+    assert [
+        c for c, _ in validate.candidates_for("tiny", {**budget, "loss": "analytic", "budget": 0.0533})
+    ].count("noise 0.2") == 1
 
 
 def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
     """A committed budget's recorded command reproduces it: its train_settings and steps are what
     calibrate.study_config gives its pair and loss today (STUDY_TRAIN)."""
     from budget import read_budget
-    from calibrate import study_config, train_settings
+    from lab.calibrate import study_config, train_settings
 
     paths = sorted((ROOT / "budgets").glob("*/budget.json")) + sorted(
         (ROOT / "budgets").glob("*/*/budget.json")
@@ -279,7 +289,9 @@ def test_validate_reuse_takes_a_recorded_validations_runs_and_trains_nothing(tmp
     recorded, trained_on = validate.reused_validation(
         ROOT / "results/validation_tiny.json", "tiny", budget, "analytic"
     )
-    assert trained_on == record.get("reused", {}).get("trained_on", record["device"]), "where the runs trained"
+    assert trained_on == record.get("reused", {}).get("trained_on", record["device"]), (
+        "where the runs trained"
+    )
     labels = ["baseline"] + [label for label, _ in validate.candidates_for("tiny", budget)]
     assert {(label, seed) for label in labels for seed in range(record["seeds"])} <= set(recorded)
     plan = [(label, {}, {}) for label in labels]
@@ -291,4 +303,3 @@ def test_validate_reuse_takes_a_recorded_validations_runs_and_trains_nothing(tmp
         validate.reused_validation(
             ROOT / "results/validation_tiny.json", "tiny", {**budget, "budget": 1.0}, "analytic"
         )
-

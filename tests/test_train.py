@@ -77,7 +77,7 @@ def test_resume_repeats_an_uninterrupted_run(tmp_path):
 def test_a_run_with_the_uncapped_ratio_resumes(tmp_path):
     """tinker's loss (--tis-cap inf) writes an infinite cap into config.json; --resume reads it back, while an
     infinite value in a field that takes only finite numbers is still refused."""
-    from runfiles import typed
+    from lab.runfiles import typed
     from train import TrainConfig
 
     first = cli(*TINY, "--steps", "1", "--loss", "sampler", "--tis-cap", "inf", "--name", "is", cwd=tmp_path)
@@ -256,7 +256,7 @@ def test_nan_halts_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path
 def test_a_second_process_on_a_live_run_folder_is_refused(tmp_path):
     import socket
 
-    from runfiles import RunLock
+    from lab.runfiles import RunLock
 
     first = cli(*TINY, "--steps", "1", "--name", "locked", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -309,7 +309,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_exit_5_and_the_run_resumes(tmp_
 
 
 def test_the_summary_line_says_which_way_the_held_out_kl_moved():
-    from runfiles import summary
+    from lab.runfiles import summary
 
     def records(end):
         return [{"step": 0, "eval_rkl": 3.0, "seconds": 0.0}, {"step": 1, "eval_rkl": end, "seconds": 1.0}]

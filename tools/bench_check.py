@@ -22,8 +22,16 @@ from budget import read_budget
 from tools.machine import cpu_facts
 
 CANDIDATES = [
-    "--weights fp8", "--kv-cache fp8", "--kv-cache fp8 --kv-scales unit", "--weights bf16",
-    "--weights fp8-emu", "--noise 0.01", "--noise 0.1", "--noise 0.3", "--noise 1", "--staleness 2",
+    "--weights fp8",
+    "--kv-cache fp8",
+    "--kv-cache fp8 --kv-scales unit",
+    "--weights bf16",
+    "--weights fp8-emu",
+    "--noise 0.01",
+    "--noise 0.1",
+    "--noise 0.3",
+    "--noise 1",
+    "--staleness 2",
 ]
 
 
@@ -50,17 +58,23 @@ def main(argv=None) -> None:
         fail(e)
     print(f"{args.pair}: `admit.py check` against {budget} (one calibration run: {per_run:.0f} s)")
     print(cpu_facts())
-    print(f"{'candidate':<34}{'verdict':>10}{'probes':>7}{'import s':>9}{'load s':>8}{'measure s':>10}"
-          f"{'of a run':>9}{'wall s':>8}{'wall/run':>9}")
+    print(
+        f"{'candidate':<34}{'verdict':>10}{'probes':>7}{'import s':>9}{'load s':>8}{'measure s':>10}"
+        f"{'of a run':>9}{'wall s':>8}{'wall/run':>9}"
+    )
     cost, wall = [], []
     for flags, r in rows:
         cost.append((r["load_seconds"] + r["seconds"]) / per_run)
         wall.append(r["wall_seconds"] / per_run)
-        print(f"{flags:<34}{r['verdict']:>10}{r['probes']:>7}{r['import_seconds']:>9.1f}"
-              f"{r['load_seconds']:>8.1f}{r['seconds']:>10.1f}{cost[-1]:>9.1%}{r['wall_seconds']:>8.1f}"
-              f"{wall[-1]:>9.1%}")
-    print(f"loading + measuring: median {statistics.median(cost):.1%}, max {max(cost):.1%} of a calibration "
-          f"run; whole wall time: median {statistics.median(wall):.1%}, max {max(wall):.1%}")
+        print(
+            f"{flags:<34}{r['verdict']:>10}{r['probes']:>7}{r['import_seconds']:>9.1f}"
+            f"{r['load_seconds']:>8.1f}{r['seconds']:>10.1f}{cost[-1]:>9.1%}{r['wall_seconds']:>8.1f}"
+            f"{wall[-1]:>9.1%}"
+        )
+    print(
+        f"loading + measuring: median {statistics.median(cost):.1%}, max {max(cost):.1%} of a calibration "
+        f"run; whole wall time: median {statistics.median(wall):.1%}, max {max(wall):.1%}"
+    )
 
 
 if __name__ == "__main__":

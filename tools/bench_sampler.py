@@ -30,7 +30,8 @@ from torch.profiler import profile as torch_profile
 from cli import BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
 from models import PAIRS, format_prompt, load_pair
 from quant import KVScales, fp8_kv_cache
-from rollout import RolloutConfig, _small_batch_linear, encode_prompts, generate
+from rollout import RolloutConfig, encode_prompts, generate
+from cpu_decode import _small_batch_linear
 from tools.machine import cpu_facts
 
 from transformers import GenerationConfig  # isort: skip
@@ -132,8 +133,10 @@ def report(args, model, t_ours: float, t_hf: float, t_one: float) -> None:
     step = 1000 * (t_ours - t_one) / max(args.new_tokens - 1, 1)
     read, gemm = weight_read_ms(model), projection_ms(model, args.batch)
     print(f"ours, one decode step (prefill excluded): {step:.1f} ms")
-    print(f"floors: weight read {read:.1f} ms (every weight once); projections {gemm:.1f} ms (every weight "
-          f"matrix times {args.batch} rows)")
+    print(
+        f"floors: weight read {read:.1f} ms (every weight once); projections {gemm:.1f} ms (every weight "
+        f"matrix times {args.batch} rows)"
+    )
     print(f"ours / weight-read floor: {step / read:.2f}x; ours / projection floor: {step / gemm:.2f}x")
     print(f"ratio ours / HF generate: {t_hf / t_ours:.2f}x")
 
@@ -146,8 +149,10 @@ def profile(run, steps: int) -> None:
     total = sum(e.self_cpu_time_total for e in ops)
     print(f"profile of ours, per step ({steps} steps): operator, ms, calls, share of self CPU time")
     for e in ops[:12]:
-        print(f"  {e.key:<28}{e.self_cpu_time_total / 1000 / steps:>8.2f}{e.count / steps:>8.0f}"
-              f"{e.self_cpu_time_total / total:>8.1%}")
+        print(
+            f"  {e.key:<28}{e.self_cpu_time_total / 1000 / steps:>8.2f}{e.count / steps:>8.0f}"
+            f"{e.self_cpu_time_total / total:>8.1%}"
+        )
 
 
 def main(argv=None) -> None:

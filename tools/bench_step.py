@@ -105,6 +105,7 @@ def descendants(event):
 def phase_flops(events) -> dict:
     """{phase: matmul FLOPs} from one profiled step: the named ranges of loss.py, the autograd engine's
     backward functions and the optimizer's step (outermost events only, so nothing counts twice)."""
+
     def phase_of(e):
         if e.name in ("student forward", "teacher forward", "mismatch KL"):
             return e.name

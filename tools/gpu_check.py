@@ -55,7 +55,7 @@ from quant import (
     quantize_weights,
 )
 from rollout import RolloutConfig, generate, prefill
-from runfiles import atomic_write_text
+from lab.runfiles import atomic_write_text
 from train import pair_config, run
 
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # isort: skip

@@ -49,8 +49,9 @@ def my_train_step(student, teacher, ro, optimizer, lr, loss_fn=my_opd_loss):
     """One OPD step on the rollout ro: score with both models, the analytic loss, clip at 1, step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    inputs = dict(input_ids=ro.tokens, attention_mask=ro.attention_mask,
-                  position_ids=positions(ro.attention_mask))  # the prompts are left-padded
+    inputs = dict(
+        input_ids=ro.tokens, attention_mask=ro.attention_mask, position_ids=positions(ro.attention_mask)
+    )  # the prompts are left-padded
     student.eval()  # no dropout: the sampled policy is the trained one
     student_logits_B_T_V = student(**inputs).logits[:, :-1]  # position t predicts token t + 1
     with torch.no_grad():

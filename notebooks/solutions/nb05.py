@@ -7,8 +7,13 @@ import torch
 def my_predictions():
     """Verdicts against the tiny budget (budgets/tiny/budget.json, a few nats/token): the real configurations
     measure 1e-4–1e-2, weight noise σ = 0.2 about 1.2 and σ = 1 about 10 (notebooks 02 and 04)."""
-    return {"fp8 weights": "admit", "fp8 KV cache": "admit", "staleness 2": "admit", "noise 0.2": "admit",
-            "noise 1.0": "reject"}
+    return {
+        "fp8 weights": "admit",
+        "fp8 KV cache": "admit",
+        "staleness 2": "admit",
+        "noise 0.2": "admit",
+        "noise 1.0": "reject",
+    }
 
 
 def my_dead_group_fraction(p, group):

@@ -7,7 +7,7 @@ tool masks, padding; the systems' response masks already end at EOS). Each forma
 in that system's released source, cited below; the wrappers that are ours (a recipe's file name, a key
 for the step) are marked as ours.
 
-project   dumps.py's own schema (JSONL, or a .pt of padded tensors); one file is one step.
+project   port/dumps.py's own schema (JSONL, or a .pt of padded tensors); one file is one step.
 prime-rl  `trainer.enable_token_export = true` (main 559b447, 2026-08-21, v0.8.0 in pyproject;
           `src/prime_rl/trainer/rl/token_export.py`): `<output_dir>/token_exports/step_<N>/rank_<R>.jsonl`,
           one JSON object per packed sample, with aligned per-token lists `token_ids`, `loss_mask`,
@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 
 from cli import BadInput
-from dumps import MAX_PT_BYTES, Dump, read_dump
+from port.dumps import MAX_PT_BYTES, Dump, read_dump
 
 FORMATS = ("project", "prime-rl", "slime", "verl", "trl", "vllm")
 SUFFIXES = (".jsonl", ".json", ".pt")
@@ -206,7 +206,7 @@ def _build(seqs: list[_Seq], step: int, files: list[str]) -> Step:
     if all(s.top is not None for s in seqs):
         k = max(len(row) for s in seqs for row in s.top[1])
 
-        def pad(rows: list[list[float]]) -> list[list[float]]:  # unfilled top-k slots are -inf (dumps.py)
+        def pad(rows: list[list[float]]) -> list[list[float]]:  # unfilled top-k slots: -inf (port/dumps.py)
             return [r + [-math.inf] * (k - len(r)) for r in rows]
 
         dump.in_top_R = torch.tensor(flat(lambda s: s.top[0]))

@@ -68,8 +68,9 @@ def _floats(values, where: str, what: str) -> list[float]:
     if any(v > 1e-6 for v in values):
         raise BadInput(f"{where}: {what} holds a positive log-prob ({max(values):g}); log-probs are <= 0")
     if any(v < MIN_LOGPROB for v in values):
-        raise BadInput(f"{where}: {what} holds a log-prob of {min(values):g}; expected log-probs in "
-                       f"[{MIN_LOGPROB:g}, 0]")
+        raise BadInput(
+            f"{where}: {what} holds a log-prob of {min(values):g}; expected log-probs in [{MIN_LOGPROB:g}, 0]"
+        )
     return values
 
 
@@ -128,8 +129,8 @@ TOP_HELP = (
 def _exact_topk(seqs: list[dict], where: str) -> None:
     """Make every top-k row the engine's k largest, k = the smallest row: a row of k + 1 whose least likely
     entry is the sampled token loses it (vLLM's "up to logprobs+1 elements"), since a set that holds y
-    because y was drawn biases the top-k estimator (kl.topk_token_kl). Any other row size, or rows that
-    all end in the sampled token (k cannot be told), is refused with one line."""
+    because y was drawn biases the top-k estimator (port.estimate.topk_token_kl). Any other row size, or rows
+    that all end in the sampled token (k cannot be told), is refused with one line."""
     rows = [(s, t) for s in seqs for t in range(len(s["top_engine"]))]
     k = min(len(s["top_engine"][t]) for s, t in rows)
 
@@ -169,8 +170,10 @@ def _from_sequences(seqs: list[dict], where: str) -> Dump:
 
 def _read_pt(path: Path) -> list[dict]:
     if path.stat().st_size > MAX_PT_BYTES:
-        raise BadInput(f"{path}: {path.stat().st_size / 2**30:.1f} GiB; a .pt dump is at most "
-                       f"{MAX_PT_BYTES / 2**30:g} GiB (split it)")
+        raise BadInput(
+            f"{path}: {path.stat().st_size / 2**30:.1f} GiB; a .pt dump is at most "
+            f"{MAX_PT_BYTES / 2**30:g} GiB (split it)"
+        )
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable file: a pickle error, a truncated zip, ...
@@ -236,8 +239,10 @@ def read_dump(path: str | Path) -> Dump:
 
 def _check_size(path: Path, sequences: int, tokens: int) -> None:
     if sequences > MAX_SEQUENCES or tokens > MAX_TOKENS:
-        raise BadInput(f"--dump {path}: {sequences} sequences, {tokens} tokens; at most {MAX_SEQUENCES} "
-                       f"sequences and {MAX_TOKENS} tokens (judge a random sample of them)")
+        raise BadInput(
+            f"--dump {path}: {sequences} sequences, {tokens} tokens; at most {MAX_SEQUENCES} "
+            f"sequences and {MAX_TOKENS} tokens (judge a random sample of them)"
+        )
 
 
 def write_dump(path: str | Path, scored) -> int:

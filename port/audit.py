@@ -1,15 +1,16 @@
 """The audit of an exported run: one figure page and a report.md to read beside the verdict.
 
-`admit.py audit --dump PATH [--format F] --budget budget.json --out DIR` reads an export (native.py), judges
-the selected steps as `check --dump` does, and writes DIR/audit.png and DIR/report.md. The page has four
-panels, each from the per-token estimate that the verdict averages (`token_estimates`):
+`admit.py audit --dump PATH [--format F] --budget budget.json --out DIR` reads an export
+(port/native.py), judges the selected steps as `check --dump` does, and writes DIR/audit.png and
+DIR/report.md. The page has four panels, each from the per-token estimate that the verdict averages
+(`token_estimates`):
     per-token KL histogram   counts over log10 of the estimate, log y; tokens at or below 1e-12 counted apart
     KL vs position           mean estimate at each position in the response (log y), with its token count
     KL per step              each step's mean with its 95% sequence-bootstrap CI, and the budget line
     top 20 tokens            the tokens with the largest share of the summed estimate, decoded when the
                              export has token ids and a tokenizer is given (`--tokenizer`)
 The per-token estimate is k3 = ρ − 1 − log ρ with ρ = π_train(y)/π_engine(y) on sampled tokens, or the
-top-k + k3-tail estimate (mismatch.topk_token_kl) when both sides logged top-k log-probs; its mean over
+top-k + k3-tail estimate (port.estimate.topk_token_kl) when both sides logged top-k log-probs; its mean over
 tokens is `mismatch.dump_estimate`'s mismatch_kl.
 
     python admit.py audit --dump runs/x/token_exports --budget budgets/tiny/budget.json --out audit/x
@@ -18,9 +19,9 @@ tokens is `mismatch.dump_estimate`'s mismatch_kl.
 import torch
 from matplotlib.figure import Figure
 
-from dumps import Dump
-from kl import topk_token_kl
-from native import Step
+from port.dumps import Dump
+from port.estimate import topk_token_kl
+from port.native import Step
 
 TOP_TOKENS = 20  # tokens listed in the top-contribution panel and table
 FLOOR = 1e-12  # per-token estimates at or below this are counted apart from the histogram
@@ -132,7 +133,7 @@ def draw(path, merged: Step, per_step: list[dict], result: dict, tops: list[dict
 
 def coverage_rule(result: dict) -> str:
     """What the estimator needs to be unbiased, the dump's own check of it, and the interval's rule
-    (kl.dump_estimate's coverage_rule)."""
+    (port.estimate.dump_estimate's coverage_rule)."""
     if result["estimator"] == "k3":
         need = (
             "k3 is unbiased for KL(engine ‖ train) only when the engine's support covers the trainer's "

@@ -99,12 +99,17 @@ def reconcile_metrics(path: Path, upto: int, saved: list[dict] | None) -> list[d
     steps = [r["step"] for r in records]
     if saved is not None:
         if [strict(r) for r in saved] != [strict(r) for r in records]:
-            print(f"note: {path} held steps {_ranges(steps)}, not the checkpoint's 0..{upto}; rewritten "
-                  "from the checkpoint's copy", file=sys.stderr)
+            print(
+                f"note: {path} held steps {_ranges(steps)}, not the checkpoint's 0..{upto}; rewritten "
+                "from the checkpoint's copy",
+                file=sys.stderr,
+            )
         return list(saved)
     if steps != list(range(upto + 1)):
-        raise BadInput(f"--resume: {path} holds steps {_ranges(steps)} where 0..{upto} are expected once "
-                       "each, and the checkpoint has no copy to repair it from; start the run again")
+        raise BadInput(
+            f"--resume: {path} holds steps {_ranges(steps)} where 0..{upto} are expected once "
+            "each, and the checkpoint has no copy to repair it from; start the run again"
+        )
     return records
 
 
@@ -113,8 +118,10 @@ def refuse_finished(run_dir: Path, steps: int) -> None:
     starting it again would overwrite it: refused."""
     records = read_metrics(run_dir / "metrics.jsonl", upto=steps)
     if records and records[-1]["step"] == steps:
-        raise BadInput(f"--resume: {run_dir} finished its {steps} steps and has no checkpoint to continue "
-                       "from; it is kept as it is (choose another --name)")
+        raise BadInput(
+            f"--resume: {run_dir} finished its {steps} steps and has no checkpoint to continue "
+            "from; it is kept as it is (choose another --name)"
+        )
 
 
 def start_files(run_dir: Path, records: list[dict], config: dict) -> None:
@@ -152,11 +159,15 @@ def load_checkpoint(path: Path, device) -> dict:
     step, student, records = state["step"], state["student"], state.get("records")
     problems = [
         (isinstance(step, int) and not isinstance(step, bool) and step >= 0, f"step is {step!r}"),
-        (isinstance(student, dict) and all(isinstance(v, torch.Tensor) for v in student.values()),
-         "student is not a dict of tensors"),
+        (
+            isinstance(student, dict) and all(isinstance(v, torch.Tensor) for v in student.values()),
+            "student is not a dict of tensors",
+        ),
         (isinstance(state["optimizer"], dict), "optimizer is not a dict"),
-        (records is None or (isinstance(records, list) and all(isinstance(r, dict) for r in records)),
-         "records is not a list of objects"),
+        (
+            records is None or (isinstance(records, list) and all(isinstance(r, dict) for r in records)),
+            "records is not a list of objects",
+        ),
         (isinstance(state.get("config", {}), dict), "config is not an object"),
     ]
     for ok, what in problems:
@@ -171,8 +182,9 @@ def load_cached(path: Path, device):
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # empty, truncated or foreign: pickle, zip and tensor errors all land here
-        raise BadInput(f"{path}: a cached file that cannot be read ({type(e).__name__}); remove it and it is "
-                       "made again") from None
+        raise BadInput(
+            f"{path}: a cached file that cannot be read ({type(e).__name__}); remove it and it is made again"
+        ) from None
 
 
 def clean_leftovers(run_dir: Path) -> None:
@@ -230,8 +242,9 @@ class RunLock:
             atomic_write(mine, lambda f: f.write(record.encode()))
         except WriteFailed as e:  # a full disk before the start: nothing is left behind
             reason = str(e).split(" (", 1)[1].split(");", 1)[0]
-            raise WriteFailed(f"could not write {self.path} ({reason}); nothing was started: free space and "
-                              "run again") from e
+            raise WriteFailed(
+                f"could not write {self.path} ({reason}); nothing was started: free space and run again"
+            ) from e
         fd = os.open(mine, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows this file yet
@@ -270,14 +283,17 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise BadInput(f"{self.path.parent} is in use by {self._owner()}; wait for it, or choose "
-                               "another --name") from None
+                raise BadInput(
+                    f"{self.path.parent} is in use by {self._owner()}; wait for it, or choose another --name"
+                ) from None
             if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
                 return False
             owner = self._owner()
             if owner != "a process" and not owner.endswith(f"on host {socket.gethostname()}"):
-                raise BadInput(f"{self.path.parent} is locked by {owner}; flock cannot tell across hosts, so "
-                               f"if that run is dead, remove {self.path}")
+                raise BadInput(
+                    f"{self.path.parent} is locked by {owner}; flock cannot tell across hosts, so "
+                    f"if that run is dead, remove {self.path}"
+                )
             os.replace(mine, self.path)
             print(f"note: took over {self.path} from {owner}, which no longer holds it", file=sys.stderr)
             return True
@@ -311,8 +327,11 @@ def run_files(run_dir: Path) -> list[str]:
     """What a run has put in its folder: everything but a lock and the temporary files of a killed save."""
     if not run_dir.is_dir():
         return []
-    return sorted(p.name for p in run_dir.iterdir()
-                  if not (p.name == ".lock" or p.name.startswith(".lock.") or p.name.endswith(".tmp")))
+    return sorted(
+        p.name
+        for p in run_dir.iterdir()
+        if not (p.name == ".lock" or p.name.startswith(".lock.") or p.name.endswith(".tmp"))
+    )
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
@@ -326,11 +345,14 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
             raise BadInput(f"{run_dir / name} is not a regular file; a run folder holds files only")
     existing = run_files(run_dir)
     if not resume and existing:
-        raise BadInput(f"--name {run_dir.name}: {run_dir} already exists ({', '.join(existing[:4])}); pass "
-                       "--resume to continue it, or choose another --name (a run is never overwritten)")
+        raise BadInput(
+            f"--name {run_dir.name}: {run_dir} already exists ({', '.join(existing[:4])}); pass "
+            "--resume to continue it, or choose another --name (a run is never overwritten)"
+        )
     if resume and not (run_dir / "config.json").is_file():
-        raise BadInput(f"--resume: {run_dir} has no config.json; nothing to resume (start it without "
-                       "--resume)")
+        raise BadInput(
+            f"--resume: {run_dir} has no config.json; nothing to resume (start it without --resume)"
+        )
 
 
 def resume_command(cfg) -> str:
@@ -448,8 +470,10 @@ def refuse_unsafe(differ: dict, source: Path, safe: tuple) -> None:
     unsafe = {k: v for k, v in differ.items() if k not in safe}
     if unsafe:
         shown = ", ".join(f"{k} {new!r} (saved: {old!r})" for k, (old, new) in unsafe.items())
-        raise BadInput(f"--resume: {shown} differ from {source}; only {', '.join(safe[:5])} may change on "
-                       "resume (start a new --name for other settings)")
+        raise BadInput(
+            f"--resume: {shown} differ from {source}; only {', '.join(safe[:5])} may change on "
+            "resume (start a new --name for other settings)"
+        )
 
 
 def resume_changes(saved: dict, asked: dict, given: set[str], safe: tuple, source: Path) -> dict:
@@ -481,8 +505,9 @@ def restore_state(state: dict, source: Path, model, optimizer, batches) -> None:
         batches.restore(state.get("batches", {"snapshots": [], "pending": None}))
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
         first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-        raise BadInput(f"--resume: {source} does not fit this run's model ({first}); remove it to restart "
-                       "from step 0") from None
+        raise BadInput(
+            f"--resume: {source} does not fit this run's model ({first}); remove it to restart from step 0"
+        ) from None
 
 
 def reusable_run(run_dir: Path, settings: dict, step: int) -> bool:

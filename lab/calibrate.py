@@ -17,7 +17,7 @@ Writes budget.json and budget.png. Finished runs are reused, so an interrupted c
 calibration that adds configurations or changes the tolerance can also take the points an earlier one
 recorded (`--reuse its budget.json or refused.json`), so runs that are no longer on disk are not run again.
 
-    python calibrate.py --pair tiny --out budgets/tiny
+    python -m lab.calibrate --pair tiny --out budgets/tiny
 """
 
 import json
@@ -57,7 +57,7 @@ from evaluate import evaluate
 from mismatch import measure_config
 from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
 from rollout import RolloutConfig
-from runfiles import atomic_savefig, atomic_write_text, load_checkpoint, read_metrics, run_seconds
+from lab.runfiles import atomic_savefig, atomic_write_text, load_checkpoint, read_metrics, run_seconds
 from train import pair_config, run_or_resume
 
 # ---------------------------------------------------------------------------------------------------
@@ -220,20 +220,41 @@ def run_point(records: list[dict]) -> dict:
 
 
 # The study's short runs (calibrate, check's stale trajectories, the study) keep the training settings the
-# committed budgets and results were measured with, whatever a pair's demo defaults become, and every loss
-# of a pair runs the same ones, so that budgets per loss compare like with like; budget.json records them,
-# and a validation trains at the settings its budget records. A pair without an entry uses its defaults.
-# tiny: the demo's schedule (lr 1.5e-3, 20 warm-up steps, cosine) cut to 400 steps, where the baseline
-# learns (greedy accuracy 0.35 -> 0.75-0.77).
+# committed budgets and results were measured with, whatever a pair's demo defaults become; budget.json
+# records them, and a validation trains at the settings its budget records. A pair without an entry uses its
+# defaults. tiny: the demo's schedule (lr 1.5e-3, 20 warm-up steps, cosine) cut to 400 steps, where the
+# analytic baseline learns (greedy accuracy 0.35 -> 0.75-0.77). Each loss's learning rate is its own, chosen
+# by `python -m study lr` (results/lr_<pair>.json, study_recipe) once that sweep is complete.
 STUDY_TRAIN = {
     "tiny": {"steps": 400},
     # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise
     "smollm2": {"eval_prompts": 64},
 }
+# The losses of the study, by label (budget.loss_label): the analytic loss and four sampled-token ones.
+STUDY_LOSSES = {
+    "analytic": {"loss": "analytic"},
+    "sampled": {"loss": "sampled"},
+    "sampled-centered": {"loss": "sampled", "center_advantages": True},
+    "sampled-tis2": {"loss": "sampled", "tis_cap": 2.0},
+    "sampler-is": {"loss": "sampler", "tis_cap": math.inf},  # tinker's estimator
+}
 # The schedule of tiny's first budgets (60 steps at a constant lr 3e-4, where OPD has only begun: greedy
-# accuracy flat), kept for the runs that still pin it (study.prefix, the GPU check's short runs) and for the
-# records measured at it (results/*_60steps.json).
+# accuracy flat), pinned by study.prefix and the GPU check's short runs, and the schedule of the records
+# results/*_60steps.json hold.
 TINY_EARLY = {"steps": 60, "lr": 3e-4, "warmup": 10, "schedule": "constant"}
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+
+
+def study_recipe(pair: str, label: str) -> dict:
+    """The learning rate `python -m study lr` chose for this pair and loss ({"lr": rate}), or {} while its
+    result is missing or incomplete (the study's settings then hold for every loss)."""
+    path = RESULTS_DIR / f"lr_{pair}.json"
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    lr = result.get("chosen", {}).get(label) if isinstance(result, dict) and result.get("complete") else None
+    return {"lr": float(lr)} if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 else {}
 
 
 TRAIN_KEYS = (
@@ -246,6 +267,7 @@ TRAIN_KEYS = (
     "grad_clip",
     "loss",
     "tis_cap",
+    "center_advantages",
     "eval_prompts",
 )
 
@@ -257,9 +279,14 @@ def train_settings(pair: str, **loss) -> dict:
 
 
 def study_config(pair: str, **overrides):
-    """train.pair_config with the study's settings (STUDY_TRAIN, the same for every loss) in place of the
-    pair's demo defaults, then the overrides."""
-    return pair_config(pair, **{**STUDY_TRAIN.get(pair, {}), **overrides})
+    """train.pair_config with the study's settings (STUDY_TRAIN, then the loss's own rate, study_recipe) in
+    place of the pair's demo defaults, then the overrides."""
+    label = loss_label(
+        overrides.get("loss", "analytic"),
+        overrides.get("tis_cap", 0.0),
+        center=overrides.get("center_advantages", False),
+    )
+    return pair_config(pair, **{**STUDY_TRAIN.get(pair, {}), **study_recipe(pair, label), **overrides})
 
 
 def short_run(
@@ -312,6 +339,29 @@ def budget_header(pair: str, loss: dict, command: str, device: str) -> dict:
     }
 
 
+def tolerance_record(points: list[dict], base: dict, *, tol: float, fraction: float) -> dict:
+    """budget.json's tolerance (in nats, and what it is a fraction of) and the baseline it comes from."""
+    return {
+        "tolerance": {
+            "fraction": fraction,
+            "nats": tol,
+            "of": "baseline improvement in held-out reverse KL over step 0",
+        },
+        "baseline": {
+            "eval_rkl_start": points[0]["eval_rkl_start"],
+            "eval_rkl_final": statistics.fmean(base.values()),
+            "improvement": tol / fraction,
+        },
+    }
+
+
+def reuse_entry(reuse: dict | None, points: list[dict]) -> dict:
+    """budget.json's record of the points taken from an earlier calibration ({} when none were)."""
+    if not reuse:
+        return {}
+    return {"reused": {"from": reuse["path"], "points": reused_count(points), "trained_on": reuse["device"]}}
+
+
 def calibrate(
     pair: str,
     out: Path,
@@ -330,22 +380,22 @@ def calibrate(
     taking the points of `reuse` (a recorded calibration, reused_record) instead of running them again."""
     loss = loss or {"loss": "analytic", "tis_cap": 0.0}
     points = calibration_points(
-        pair, out, noise_grid, real=real, steps=steps, seeds=seeds, device=device, n_probes=n_probes,
-        loss=loss, reused=reuse["points"] if reuse else [],
+        pair,
+        out,
+        noise_grid,
+        real=real,
+        steps=steps,
+        seeds=seeds,
+        device=device,
+        n_probes=n_probes,
+        loss=loss,
+        reused=reuse["points"] if reuse else [],
     )
     tol, base = paired_quality_losses(points, tolerance)
+    recorded_sd = reuse["noise"]["eval_sd_by_prompts"] if reuse else None
     budget = {
         **budget_header(pair, loss=loss, command=command, device=device),
-        "tolerance": {
-            "fraction": tolerance,
-            "nats": tol,
-            "of": "baseline improvement in held-out reverse KL over step 0",
-        },
-        "baseline": {
-            "eval_rkl_start": points[0]["eval_rkl_start"],
-            "eval_rkl_final": statistics.fmean(base.values()),
-            "improvement": tol / tolerance,
-        },
+        **tolerance_record(points, base, tol=tol, fraction=tolerance),
         **budget_fit(points, loss["loss"], fraction=tolerance, tol=tol, seeds=seeds),
         "method": "isotonic fit of quality loss vs mismatch over the points fitted_to names, all seeds; "
         "budget where the fit crosses the tolerance",
@@ -355,12 +405,16 @@ def calibrate(
         "probes": n_probes,
         "seconds_per_run": sum(p["seconds"] for p in points) / len(points),
         "noise": quality_noise(
-            pair, out / "runs" / "baseline-seed0", points,
-            loss=loss["loss"], tol=tol, seeds=seeds, device=device,
-            recorded=reuse["noise"]["eval_sd_by_prompts"] if reuse else None,
+            pair,
+            out / "runs" / "baseline-seed0",
+            points,
+            loss=loss["loss"],
+            tol=tol,
+            seeds=seeds,
+            device=device,
+            recorded=recorded_sd,
         ),
-        **({"reused": {"from": reuse["path"], "points": reused_count(points), "trained_on": reuse["device"]}}
-           if reuse else {}),
+        **reuse_entry(reuse, points),
         "points": points,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -564,7 +618,14 @@ def refuse_noise(budget: dict, out: Path) -> None:
 
 
 def quality_noise(
-    pair_name: str, base_run: Path, points: list[dict], *, loss: str, tol: float, seeds: int, device,
+    pair_name: str,
+    base_run: Path,
+    points: list[dict],
+    *,
+    loss: str,
+    tol: float,
+    seeds: int,
+    device,
     recorded=None,
 ) -> dict:
     """How far the quality axis can be trusted: the evaluation's own noise (eval_noise on base_run, or
@@ -722,11 +783,16 @@ def main(argv=None) -> None:
         out = check_output_dir(args.out or default, "--out")
         real = [r for r in args.real.split(",") if r]
         calibration_configs([], real)  # refuses an unknown --real before any run starts
-        command = shlex.join(["python", "calibrate.py", *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(["python", "-m", "lab.calibrate", *(sys.argv[1:] if argv is None else argv)])
         loss = {"loss": args.loss, "tis_cap": args.tis_cap}
         steps = args.steps or study_config(args.pair, **loss).steps
-        wanted = {"pair": args.pair, **loss, "steps": steps, "probes": args.probes,
-                  "train_settings": train_settings(args.pair, **loss)}
+        wanted = {
+            "pair": args.pair,
+            **loss,
+            "steps": steps,
+            "probes": args.probes,
+            "train_settings": train_settings(args.pair, **loss),
+        }
         reuse = reused_record(Path(args.reuse), wanted) if args.reuse else None
         budget = calibrate(
             args.pair,

@@ -1,0 +1,151 @@
+"""lr: each loss's clean baseline at several learning rates, and the rate each loss trains at in the study.
+
+Every loss of the study (lab.calibrate.STUDY_LOSSES) trains its clean baseline (the fp32 engine, fresh
+weights: no mismatch source) at every rate of LR_GRID[pair], `seeds` seeds each, at the study's schedule
+otherwise (lab.calibrate.STUDY_TRAIN). A run *diverged* when its final held-out reverse KL is above its
+step-0 value, or when training stopped on a non-finite loss. Each loss's rate is chosen in the open:
+
+    rate(loss) = the rate with the lowest mean final held-out reverse KL among the rates where no seed
+                 diverged (a rate needs every seed finished to be chosen).
+
+results/lr_<pair>.json holds every run, the mean and seed SD per (loss, rate), and the choice;
+lab.calibrate.study_config reads the choice, so budgets are calibrated at each loss's own rate and record
+it. Runs are seed-major (every loss and rate at seed 0 first), and finished runs are reused, so the sweep
+resumes after a stop and a partial result already covers every cell once.
+
+    python -m study lr --pair tiny        # 5 losses x 5 rates x 3 seeds of 400 steps
+    python -m study lr --pair smollm2     # 5 losses x 3 rates x 2 seeds
+"""
+
+import math
+from pathlib import Path
+
+from budget import json_cap
+from cli import NonFinite
+from lab.calibrate import STUDY_LOSSES, short_run, train_settings
+from models import device_label
+from study.common import RESULTS, mean_sd, plt_axes, save_figure, slug, write
+
+LR_GRID = {
+    "tiny": (1e-4, 3e-4, 6e-4, 1.5e-3, 3e-3),  # the analytic loss's demo rate is 1.5e-3
+    "smollm2": (2e-5, 5e-5, 1e-4),  # the demo rate is 5e-5
+    "gemma3": (2e-5, 5e-5, 1e-4),
+}
+LR_SEEDS = {"tiny": 3, "smollm2": 2, "gemma3": 2}
+
+
+def lr_run(out: Path, pair: str, label: str, lr: float, seed: int, device: str) -> dict:
+    """One clean baseline run of loss `label` at rate `lr`: its run_point, or a diverged point when
+    training stopped on a non-finite loss (a rerun resumes it and stops the same way)."""
+    name = f"{slug(label)}-lr{lr:g}-seed{seed}"
+    point = {"loss": label, "lr": lr, "seed": seed}
+    try:
+        run = short_run(
+            out, pair, name, seed=seed, device=device, rollout_over={}, lr=lr, **STUDY_LOSSES[label]
+        )
+    except NonFinite as e:
+        return {**point, "diverged": True, "stopped": str(e), "eval_rkl": None}
+    diverged = not math.isfinite(run["eval_rkl"]) or run["eval_rkl"] > run["eval_rkl_start"]
+    return {**point, **run, "diverged": diverged}
+
+
+def choose(points: list[dict], grid: tuple, seeds: int) -> tuple[list[dict], dict]:
+    """Per (loss, rate): mean and seed SD of the final held-out reverse KL and greedy accuracy, how many
+    seeds finished and diverged; and each loss's chosen rate (None while no rate qualifies)."""
+    cells, chosen = [], {}
+    for label in STUDY_LOSSES:
+        for lr in grid:
+            runs = [p for p in points if p["loss"] == label and p["lr"] == lr]
+            ok = [p for p in runs if not p["diverged"]]
+            rkl = mean_sd([p["eval_rkl"] for p in ok]) if ok else (None, None)
+            acc = mean_sd([p["eval_acc"] for p in ok]) if ok and ok[0].get("eval_acc") is not None else None
+            cells.append(
+                {
+                    "loss": label,
+                    "lr": lr,
+                    "seeds": len(runs),
+                    "diverged": len(runs) - len(ok),
+                    "eval_rkl_mean": rkl[0],
+                    "eval_rkl_sd": rkl[1],
+                    "eval_acc_mean": acc[0] if acc else None,
+                }
+            )
+        ready = [c for c in cells if c["loss"] == label and c["seeds"] == seeds and c["diverged"] == 0]
+        best = min(ready, key=lambda c: c["eval_rkl_mean"], default=None)
+        chosen[label] = best["lr"] if best else None
+    return cells, chosen
+
+
+def lr_sweep(pair: str, seeds: int, device: str) -> dict:
+    """Run (or reuse) every loss x rate x seed, seed-major; write results/lr_<pair>.json after each seed."""
+    out = Path("runs") / "study" / f"lr_{pair}"
+    grid, points = LR_GRID[pair], []
+    jobs = [(s, lr, label) for s in range(seeds) for lr in grid for label in STUDY_LOSSES]
+    for i, (seed, lr, label) in enumerate(jobs):
+        print(f"[{i + 1}/{len(jobs)}] {label} lr {lr:g} seed {seed}", flush=True)
+        points.append(lr_run(out, pair, label, lr=lr, seed=seed, device=device))
+        if i + 1 == len(jobs) or jobs[i + 1][0] != seed:
+            result = lr_result(pair, points, seeds=seeds, device=device)
+            write(f"lr_{pair}", result)
+    plot_lr(result, RESULTS / f"lr_{pair}.png")
+    return result
+
+
+def lr_result(pair: str, points: list[dict], seeds: int, device: str) -> dict:
+    cells, chosen = choose(points, LR_GRID[pair], seeds)
+    complete = len(points) == len(LR_GRID[pair]) * len(STUDY_LOSSES) * seeds
+    return {
+        "experiment": "lr",
+        "pair": pair,
+        "command": f"python -m study lr --pair {pair} --seeds {seeds}",
+        "device": device_label(device),
+        "rule": "per loss, the rate with the lowest mean final held-out reverse KL among rates where no seed "
+        "diverged (final eval reverse KL above step 0, or a non-finite loss)",
+        "complete": complete,
+        "grid": list(LR_GRID[pair]),
+        "seeds": seeds,
+        "settings": {k: v for k, v in train_settings(pair).items() if k not in ("lr", "loss", "tis_cap")},
+        "losses": {
+            label: {k: json_cap(v) if k == "tis_cap" else v for k, v in loss.items()}
+            for label, loss in STUDY_LOSSES.items()
+        },
+        "chosen": chosen if complete else {},
+        "cells": cells,
+        "points": points,
+    }
+
+
+def plot_lr(result: dict, path: Path) -> None:
+    """Final held-out reverse KL against the rate, one line per loss (seed SD bars), diverged seeds as x,
+    the chosen rate circled, the untrained student's value dashed."""
+    _, fig, (ax,) = plt_axes(1, width=7.0)
+    for label in STUDY_LOSSES:
+        cells = [c for c in result["cells"] if c["loss"] == label and c["eval_rkl_mean"] is not None]
+        if not cells:
+            continue
+        line = ax.errorbar(
+            [c["lr"] for c in cells],
+            [c["eval_rkl_mean"] for c in cells],
+            yerr=[c["eval_rkl_sd"] for c in cells],
+            marker="o",
+            capsize=3,
+            label=label,
+        )
+        bad = [c for c in result["cells"] if c["loss"] == label and c["diverged"]]
+        ax.scatter(
+            [c["lr"] for c in bad],
+            [c["eval_rkl_mean"] or 0 for c in bad],
+            marker="x",
+            color=line[0].get_color(),
+        )
+        lr = result["chosen"].get(label)
+        if lr is not None:
+            c = next(c for c in cells if c["lr"] == lr)
+            ax.scatter([lr], [c["eval_rkl_mean"]], s=160, facecolors="none", edgecolors=line[0].get_color())
+    starts = [p["eval_rkl_start"] for p in result["points"] if p.get("eval_rkl_start") is not None]
+    if starts:
+        ax.axhline(starts[0], color="grey", ls="--", lw=1, label="untrained student")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final held-out reverse KL (nats/token)")
+    ax.legend(fontsize=8)
+    title = f"{result['pair']}: clean baselines by learning rate (circled: chosen; x: diverged)"
+    save_figure(None, fig, path, title=title)
