@@ -8,8 +8,9 @@ output is created or changed:
 Exit codes: 0 done; 2 bad input (`BadInput`, or a value argparse refuses); 3 a run halted on a non-finite
 value (`NonFinite`: a NaN loss or gradient, or an engine whose weights or logits are not finite); 5 a file
 could not be written (`WriteFailed`: a full disk; the file's previous version is intact, so a run can resume
-once there is room). `admit.py check` also exits 1 on a REJECT verdict and 4 on UNCERTAIN, so a CI job can
-gate on it.
+once there is room); 6 a run stopped over its mismatch budget (`OverBudget`: `train.py --budget B
+--over-budget stop`, with a checkpoint at that step). `admit.py check` also exits 1 on a REJECT verdict and 4
+on UNCERTAIN, so a CI job can gate on it.
 
 Converters check one value each and bound it by what the machine and the models can hold (a seed below
 2**63, a batch of at most MAX_BATCH rows, a temperature of 0 or at least MIN_TEMPERATURE); flags with a fixed
@@ -18,8 +19,13 @@ set of values use argparse `choices=`.
 Every output goes through one guarded path: `check_output_dir` / `check_output_file` refuse a target that
 cannot be written (under a file, not writable, a FIFO or a device) before any work starts, and
 `atomic_write` / `append_text` write it so that a full disk is one `WriteFailed` line (exit 5) with nothing
-half-written. SIGINT and SIGTERM inside `StopSignals` only ask the program to stop at its next safe point
-(`Interrupted`: exit 130 / 143).
+half-written. A file or folder named on the command line is text (`path_text`): a name with bytes that are
+not UTF-8 cannot go into config.json, a plot title or a report, so it is refused before any work.
+
+Signals, one rule for every entry point: an entry script calls `exit_on_signals(__name__)` before its heavy
+imports, so SIGINT and SIGTERM stop it at once with one line and exit 130 / 143 (every write is atomic, so
+stopping anywhere leaves nothing half-written); inside `StopSignals` (a training run) they only ask the
+program to stop at its next safe point (`Interrupted`: a checkpoint first, then the same line and code).
 """
 
 import argparse
@@ -39,7 +45,7 @@ from pathlib import Path
 logging.getLogger("torchao").setLevel(logging.ERROR)
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
-EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED = 2, 3, 5
+EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_WRITE_FAILED, EXIT_OVER_BUDGET = 2, 3, 5, 6
 _IMPORTED = time.time()
 
 
@@ -56,15 +62,23 @@ class WriteFailed(RuntimeError):
     removed and the previous version stays as it was."""
 
 
-class Interrupted(RuntimeError):
-    """SIGINT or SIGTERM stopped the program at a safe point: one line, exit 128 + the signal number."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM stopped the program at a safe point: one line, exit 128 + the signal number. A
+    BaseException, as KeyboardInterrupt is: no `except Exception` on its way up may swallow it or report it
+    as another error (a write that failed, a file that cannot be read)."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.code = 128 + signum
 
 
-EXPECTED = (BadInput, NonFinite, WriteFailed, Interrupted)  # the errors every entry point reports as one line
+class OverBudget(RuntimeError):
+    """A run's running mismatch interval ended above its budget's interval, and the run was asked to stop
+    there (train.py --over-budget stop): one line, exit 6, the checkpoint of that step kept for --resume."""
+
+
+# the errors every entry point reports as one line
+EXPECTED = (BadInput, NonFinite, WriteFailed, Interrupted, OverBudget)
 
 
 class Parser(argparse.ArgumentParser):
@@ -75,14 +89,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
-def fail(error: Exception) -> None:
+def fail(error: BaseException) -> None:
     """Print one of the EXPECTED errors as one line and exit with its code."""
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if isinstance(error, Interrupted):  # not an error: the user asked the program to stop
         sys.stderr.write(f"{first_line}\n")
         sys.exit(error.code)
     sys.stderr.write(f"error: {first_line}\n")
-    codes = {NonFinite: EXIT_NON_FINITE, WriteFailed: EXIT_WRITE_FAILED}
+    codes = {NonFinite: EXIT_NON_FINITE, WriteFailed: EXIT_WRITE_FAILED, OverBudget: EXIT_OVER_BUDGET}
     sys.exit(codes.get(type(error), EXIT_BAD_INPUT))
 
 
@@ -136,19 +150,50 @@ fraction = _converter(float, lambda x: 0 < x <= 1, "a number in (0, 1]")
 open_fraction = _converter(float, lambda x: 0 < x < 1, "a number in (0, 1)")
 # an importance-weight cap: 0 = none, a number, or inf for the uncapped ratio
 cap_float = _converter(float, lambda x: x >= 0 and not math.isnan(x), "a number >= 0, or inf (uncapped)")
+# The engine's weight noise is relative: W + σ · rms(W) · ε (rollout.add_weight_noise). The signal's share of
+# the noisy weights' power is 1 / (1 + σ²): 1% at σ = 10, where the engine is an unrelated random model and
+# a larger σ measures nothing more (the study's largest is 3). Past it, a run only trains on noise.
+MAX_NOISE = 10.0
+noise_sigma = _converter(
+    float, lambda x: 0 <= x <= MAX_NOISE, f"a relative weight noise in [0, {MAX_NOISE:g}] (0 = none)"
+)
 
 
-def comma_floats(text: str) -> list[float]:
-    """ "0.003,0.01" -> [0.003, 0.01]: finite, non-negative numbers."""
+def noise_levels(text: str) -> list[float]:
+    """ "0.003,0.01" -> [0.003, 0.01]: a grid of weight-noise levels σ, each as `noise_sigma` bounds it."""
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected comma-separated numbers such as 0.003,0.01"
         ) from None
-    if not values or not all(math.isfinite(v) and v >= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated finite numbers >= 0")
+    if not values or not all(0 <= v <= MAX_NOISE for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected comma-separated relative weight noises in [0, {MAX_NOISE:g}]"
+        )
     return values
+
+
+def is_text(text: str) -> bool:
+    """Is a str valid text: encodable as UTF-8 (no lone surrogate, which is how Python hands over bytes of a
+    command line or a file name that are not UTF-8: b'\\xff' -> '\\udcff')?"""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def path_text(text: str) -> str:
+    """A file or folder named on the command line (an argparse `type=`): valid text. A name that is not
+    cannot be written into config.json, a plot title or a report, so it is refused before any work instead
+    of failing after it."""
+    if not is_text(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: not valid UTF-8; expected a name or path that is text")
+    return text
+
+
+path_text.__name__ = "a name or path that is valid UTF-8 text"
 
 
 def given_dests(parser: argparse.ArgumentParser, argv) -> set[str]:
@@ -176,8 +221,12 @@ def recheck_flags(obj, flags, choices: dict, where: str) -> None:
     """A config read from a file gets the command line's checks: `flags` is [(flag, converter, ...)] of
     obj's fields (--batch-size -> obj.batch_size), `choices` {field: allowed values}."""
     for flag, kind, *_ in flags:
-        if kind is not str:
-            recheck(getattr(obj, flag[2:].replace("-", "_")), kind, name=flag[2:], where=where)
+        value = getattr(obj, flag[2:].replace("-", "_"))
+        if kind is path_text:  # a name or path: text, as on the command line (None: not given)
+            if value is not None and not (isinstance(value, str) and is_text(value)):
+                raise BadInput(f"{where}: {flag[2:]} is {value!r}; expected {path_text.__name__}")
+        elif kind is not str:
+            recheck(value, kind, name=flag[2:], where=where)
     for key, allowed in choices.items():
         if getattr(obj, key) not in allowed:
             raise BadInput(f"{where}: {key} is {getattr(obj, key)!r}; expected one of {', '.join(allowed)}")
@@ -299,14 +348,45 @@ def append_text(path: Path, text: str) -> None:
 # ---------------------------------------------------------------------------------------------------
 # Signals
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_AT_ONCE = {"note": "", "stopping": False}
+# what a stopped command that drives many runs says (lab.calibrate, the study; train.run_or_resume)
+RERUN = "rerun the same command to continue (finished runs are reused, an interrupted one resumes)"
+
+
+def _stop_at_once(signum: int, frame) -> None:
+    """The handler outside StopSignals: one line, then SystemExit(128 + signum) from wherever the program
+    is. SystemExit passes every `except Exception` and runs every `finally` on its way out (a lock is
+    released, atomic_write removes its temporary file); a further signal while it unwinds ends the process
+    at once, without a second line."""
+    if _AT_ONCE["stopping"]:
+        os._exit(128 + signum)
+    _AT_ONCE["stopping"] = True
+    sys.stderr.write(f"interrupted by {signal.Signals(signum).name}; {_AT_ONCE['note']}\n")
+    sys.stderr.flush()
+    raise SystemExit(128 + signum)
+
+
+def exit_on_signals(module: str, note: str = "no file was left half-written") -> None:
+    """The first statement of an entry script, before its heavy imports: `exit_on_signals(__name__)`. When
+    that script is the program (module == "__main__"), SIGINT and SIGTERM stop it at once from here on,
+    during `import torch` too: one line, "interrupted by SIGINT; <note>", exit 130 (SIGTERM: 143). Inside
+    `with StopSignals()` they wait for its safe point instead. Imported as a library (by a test, a notebook,
+    another entry point) it changes nothing: the importer owns its signals."""
+    if module != "__main__" or threading.current_thread() is not threading.main_thread():
+        return
+    _AT_ONCE["note"] = note
+    for s in SIGNALS:
+        signal.signal(s, _stop_at_once)
+
 
 class StopSignals:
     """Within `with StopSignals() as stop:`, SIGINT and SIGTERM set `stop.signum` instead of killing the
     program, which stops at its next safe point (`stop.check(...)`). A second signal stops it at once (every
     write is atomic, so that is safe too). Only the main thread can own signal handlers; elsewhere this does
-    nothing."""
+    nothing. On leaving, the handlers before it (exit_on_signals's, in an entry script) are back."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = SIGNALS
 
     def __init__(self):
         self.signum, self.previous = None, {}

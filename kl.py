@@ -3,11 +3,11 @@
 The canonical scale (nats per token):
 
     mismatch_kl = mean over response tokens t of  KL(π_engine(·|x_<t) ‖ π_train(·|x_<t))
-                = mean_t Σ_v π_e(v|x_<t) (log π_e(v|x_<t) − log π_t(v|x_<t)),
+                = mean_t Σ_v π_e(v|x_<t) (log π_e(v|x_<t) − log π_train(v|x_<t)),
 
 taken on the engine's own samples, over the full vocabulary, in float64 (token_kl). From the sampled
-tokens alone (what dumps from other systems give), with r_t = log π_e(y_t|x_<t) − log π_t(y_t|x_<t) and
-ρ_t = π_t(y_t)/π_e(y_t) = e^{−r_t}: k1 = mean r_t, k3 = mean (ρ_t − 1) − log ρ_t (sampled_token_metrics,
+tokens alone (what dumps from other systems give), with r_t = log π_e(y_t|x_<t) − log π_train(y_t|x_<t) and
+ρ_t = π_train(y_t)/π_e(y_t) = e^{−r_t}: k1 = mean r_t, k3 = mean (ρ_t − 1) − log ρ_t (sampled_token_metrics,
 dump_estimate, with the k1 twin k1_token_kl and the flags of an unreadable dump, dump_flags); the
 prefix-shift part (prefix_shift_kl); a sequence-bootstrap interval (bootstrap_ci).
 mismatch.py measures engines with these; loss.py logs them beside the loss; admit.py judges dumps with them.
@@ -20,7 +20,7 @@ KL_ROWS = 16  # token_kl's block: 16 × 49k float64 logits, ~6 MB, 4.8× faster 
 
 
 def token_kl(engine_logits_N_V: torch.Tensor, train_logits_N_V: torch.Tensor) -> torch.Tensor:
-    """Exact KL(π_e ‖ π_t) at N positions from the two sides' logits, in float64: kl_N.
+    """Exact KL(π_e ‖ π_train) at N positions from the two sides' logits, in float64: kl_N.
 
     float64 because the KL of close policies is a small difference of large terms: in fp32 the rounding of
     each row's log-sum-exp alone (~1e-7 relative) moves a 1e-4 KL by 0.1%. Computed KL_ROWS rows at a time,
@@ -28,8 +28,8 @@ def token_kl(engine_logits_N_V: torch.Tensor, train_logits_N_V: torch.Tensor) ->
     """
     if len(engine_logits_N_V) <= KL_ROWS:
         logp_e_N_V = torch.log_softmax(engine_logits_N_V.double(), -1)
-        logp_t_N_V = torch.log_softmax(train_logits_N_V.double(), -1)
-        return (logp_e_N_V.exp() * (logp_e_N_V - logp_t_N_V)).sum(-1)
+        logp_train_N_V = torch.log_softmax(train_logits_N_V.double(), -1)
+        return (logp_e_N_V.exp() * (logp_e_N_V - logp_train_N_V)).sum(-1)
     return torch.cat(
         [token_kl(e, t) for e, t in zip(engine_logits_N_V.split(KL_ROWS), train_logits_N_V.split(KL_ROWS))]
     )

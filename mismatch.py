@@ -39,6 +39,10 @@ training makes: callers pass them in (`versions`, made by admit.stale_versions).
     python mismatch.py --pair tiny --weights fp8 --dump-out dump.jsonl   # also a log dump (port/dumps.py)
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import copy
 import json
 import sys
@@ -48,7 +52,7 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm import tqdm
 
-from cli import EXPECTED, BadInput, Parser, check_output_file, fail, positive_int, seed_int
+from cli import EXPECTED, BadInput, Parser, check_output_file, fail, path_text, positive_int, seed_int
 from port.dumps import write_dump
 from kl import bootstrap_ci, sampled_token_metrics, token_kl
 from models import (
@@ -57,6 +61,7 @@ from models import (
     check_prompts,
     format_prompt,
     head,
+    held_out,
     load_pair,
     read_prompts,
     resolve_device,
@@ -279,6 +284,7 @@ def build_parser() -> Parser:
     )
     p.add_argument(
         "--prompts",
+        type=path_text,
         help='metrics-only mode on your own prompts: a JSONL file of {"prompt": ...}; every line is a probe',
     )
     p.add_argument(
@@ -288,7 +294,9 @@ def build_parser() -> Parser:
         "exact copy, scored twice; its number is the floor of this setup",
     )
     p.add_argument(
-        "--dump-out", help="also write the samples as a log dump (port/dumps.py's JSONL schema) to this file"
+        "--dump-out",
+        type=path_text,
+        help="also write the samples as a log dump (port/dumps.py's JSONL schema) to this file",
     )
     p.add_argument(
         "--json", action="store_true", help="print JSON (one object per row; mismatch_kl is the number)"
@@ -304,10 +312,14 @@ def build_parser() -> Parser:
 
 
 def probe_prompts(pair, args) -> list[str]:
-    """--prompts FILE (every line a probe), else the first --probes held-out prompts of the pair."""
+    """--prompts FILE (every line a probe), else the first --probes held-out prompts of the pair (more than
+    it has is refused: models.held_out)."""
+    if args.prompts and args.probes:
+        raise BadInput(f"--probes {args.probes} with --prompts: every line of --prompts is a probe; drop one")
     texts = [p.text for p in read_prompts(args.prompts)] if args.prompts else None
     if texts is None:
-        texts = [p.text for p in pair.eval_prompts[: args.probes or PROBES.get(pair.name, DEFAULT_PROBES)]]
+        n = args.probes or PROBES.get(pair.name, DEFAULT_PROBES)
+        texts = [p.text for p in held_out(pair, n, "--probes")]
     return [format_prompt(pair.tokenizer, t) for t in texts]
 
 

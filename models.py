@@ -18,8 +18,13 @@ Every pair has a chat template, so prompts are formatted the same way everywhere
     python models.py info --pair smollm2 # load a pair and print its sizes
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import copy
 import functools
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -29,12 +34,12 @@ import random
 import sys
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from cli import BadInput, Parser, check_output_dir, fail
+from cli import EXPECTED, BadInput, Parser, check_output_dir, fail
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # isort: skip
 from transformers import LlamaConfig, PreTrainedTokenizerFast  # isort: skip
@@ -65,6 +70,18 @@ class Pair:
     tokenizer: PreTrainedTokenizerFast
     train_prompts: list[Prompt]
     eval_prompts: list[Prompt]
+    files: dict = field(default_factory=dict)  # the --teacher/--student/--prompts it came from (pair_files)
+
+    @property
+    def key(self) -> str:
+        """What the pair computes with, as a file-name part for caches: an embedded pair's name as it ships;
+        with --teacher/--student or --prompts, the name and a digest of the files and of the prompts' text, so
+        two pairs loaded from different models or prompts never share a cached trajectory."""
+        if not self.files:
+            return self.name
+        prompts = [[p.text, p.answer] for p in self.train_prompts + self.eval_prompts]
+        text = json.dumps([self.files, prompts], sort_keys=True)
+        return f"{self.name}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}"
 
 
 def format_prompt(tokenizer, text: str) -> str:
@@ -73,6 +90,17 @@ def format_prompt(tokenizer, text: str) -> str:
         return text
     messages = [{"role": "user", "content": text}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def held_out(pair: Pair, n: int, flag: str) -> list[Prompt]:
+    """The pair's first n held-out prompts (probes). More than it has is refused, never cut short in
+    silence: a measurement on fewer probes than asked is another measurement."""
+    if n > len(pair.eval_prompts):
+        raise BadInput(
+            f"{flag} {n}: the {pair.name} pair has {len(pair.eval_prompts)} held-out prompts; "
+            f"expected at most {len(pair.eval_prompts)}"
+        )
+    return pair.eval_prompts[:n]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -402,6 +430,30 @@ def _model_source(ident: str, flag: str) -> str:
     return ident
 
 
+def pair_files(teacher: str | None = None, student: str | None = None, prompts: str | None = None) -> dict:
+    """What a pair is loaded from, as a budget names it and a check compares it (load_pair's keywords): each
+    given --teacher/--student as an absolute path when it is a local folder, else the hub id as given, and
+    --prompts as an absolute path. {} for an embedded pair as it ships. A missing path is refused now."""
+    files = {}
+    for flag, ident in (("teacher", teacher), ("student", student)):
+        if ident is not None:
+            source = _model_source(ident, f"--{flag}")
+            files[flag] = str(Path(source).resolve()) if Path(source).expanduser().exists() else source
+    if prompts is not None:
+        if not Path(prompts).is_file():
+            raise BadInput(
+                f'--prompts {prompts}: no such file (expected a .jsonl file of {{"prompt": ...}} lines)'
+            )
+        files["prompts"] = str(Path(prompts).resolve())
+    return files
+
+
+def prompts_sha256(path: str) -> str:
+    """The sha256 of a prompts file's bytes: the same prompts wherever the file is copied, other prompts
+    under the same path told apart."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def load_hf_pair(teacher_id: str, student_id: str, device: str, student_only: bool = False):
     """Load a teacher and a student that share a tokenizer. Refuses pairs whose vocabularies differ.
     student_only: the teacher's tokenizer is checked, its weights are not loaded (teacher None)."""
@@ -490,6 +542,7 @@ def load_pair(
             own_memory(model)
     if user is not None:
         result.train_prompts, result.eval_prompts = split_prompts(user, prompts)
+    result.files = pair_files(teacher, student, prompts)
     return result
 
 
@@ -536,7 +589,7 @@ def main(argv=None) -> None:
     t0 = time.time()
     try:
         p = load_pair(args.pair)
-    except BadInput as e:
+    except EXPECTED as e:
         fail(e)
     print(
         f"{p.name}: teacher {n_params(p.teacher) / 1e6:.1f}M params, "

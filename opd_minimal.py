@@ -12,11 +12,17 @@ mismatch.py and train.py):
     4. the engine copies the new weights (and adds its noise again).
 
 We also print the mismatch itself, KL(π_engine ‖ π_train) per token on the engine's samples.
-The pair is the tiny addition pair committed in pairs/tiny/ (a 3-layer teacher, a 2-layer student).
+The pair is the tiny addition pair committed in pairs/tiny/ (a 3-layer teacher, a 2-layer student). Of
+the project it imports only cli.py, for what every command shares: SIGINT or SIGTERM is one line and exit
+130 / 143, and --noise has the project's bound.
 
     python opd_minimal.py                 # about 40 s on a 2-core CPU: accuracy 0.31 -> 0.86
     python opd_minimal.py --noise 0.05    # a noisier engine: watch the mismatch column grow
 """
+
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
 
 import argparse
 import copy
@@ -124,7 +130,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--noise",
-        type=checked(float, lambda x: 0 <= x < 1e3, "a number in [0, 1000)"),
+        type=cli.noise_sigma,  # the project's bound: past σ = 10 the engine is mostly noise (cli.MAX_NOISE)
         default=0.01,
         help="relative std of the engine's weight noise; 0 = exact copy",
     )

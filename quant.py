@@ -25,12 +25,16 @@ weight modes refuse with one line and everything else runs.
     python quant.py kv-capacity --memory-gb 80    # KV tokens that fit: bf16 vs fp8 weights and KV cache
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import fnmatch
 from dataclasses import dataclass
 
 import torch
 
-from cli import BadInput, Parser, fail, positive_float
+from cli import EXPECTED, BadInput, Parser, fail, positive_float
 from models import PAIRS, cache_arg, format_prompt, load_pair, n_params
 
 try:  # torchao is optional: without it the FP8 weight modes refuse with one line, everything else runs
@@ -449,7 +453,7 @@ def main(argv=None) -> None:
             shapes += [shape_of(f"{name} teacher", pair.teacher), shape_of(f"{name} student", pair.student)]
             prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:4]]
             measured.append((f"{name} student", measured_kv_bytes(pair.student, pair.tokenizer, prompts)))
-    except BadInput as e:
+    except EXPECTED as e:
         fail(e)
     for name, m in measured:
         print(

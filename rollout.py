@@ -22,6 +22,10 @@ Which distribution the log-probs come from (every mismatch number depends on thi
     python rollout.py --pair tiny --n 4    # sample a few responses and print them with their log-probs
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import copy
 import time
 from collections import deque
@@ -33,6 +37,7 @@ import torch
 from cli import (
     EXPECTED,
     MAX_TEMPERATURE,
+    MAX_NOISE,
     MAX_TOKENS,
     MIN_TEMPERATURE,
     BadInput,
@@ -42,13 +47,13 @@ from cli import (
     fail,
     fraction,
     length_int,
-    nonneg_float,
+    noise_sigma,
     nonneg_int,
     seed_int,
 )
 from cli import temperature as temperature_value
 from cpu_decode import fast_path_applies, llama_decode, small_batch_linears
-from models import MAX_NEW_TOKENS, PAIRS, cache_arg, check_prompts, format_prompt, load_pair
+from models import MAX_NEW_TOKENS, PAIRS, cache_arg, check_prompts, format_prompt, held_out, load_pair
 from quant import (
     FP8_WEIGHTS,
     AmaxRecorder,
@@ -108,8 +113,8 @@ class RolloutConfig:
             ),
             (self.staleness >= 0, f"staleness {self.staleness}: must be >= 0 (0 = synchronous)"),
             (
-                0 <= self.noise < float("inf"),
-                f"noise {self.noise}: must be a finite number >= 0 (0 = no noise)",
+                0 <= self.noise <= MAX_NOISE,
+                f"noise {self.noise}: must be a relative weight noise in [0, {MAX_NOISE:g}] (0 = no noise)",
             ),
         ]
         for ok, message in checks:
@@ -518,7 +523,7 @@ def add_rollout_args(g, sampling: bool = True) -> None:
     )
     g.add_argument(
         "--noise",
-        type=nonneg_float,
+        type=noise_sigma,
         default=d.noise,
         help="relative std of Gaussian noise on the engine's weights; 0 = none (default: %(default)s)",
     )
@@ -569,7 +574,7 @@ def main(argv=None) -> None:
         )
         pair = load_pair(args.pair)
         check_prompts(pair, cfg.max_new_tokens)
-        prompts = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[: args.n]]
+        prompts = [format_prompt(pair.tokenizer, p.text) for p in held_out(pair, args.n, "--n")]
         t0 = time.time()
         rollout = generate(pair.student, pair.tokenizer, prompts, cfg=cfg)
     except EXPECTED as e:

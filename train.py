@@ -19,6 +19,9 @@ Outputs go to runs/<name>/ (lab/runfiles.py): config.json, metrics.jsonl (a line
 killed run exactly from its last checkpoint (stale and async runs too): the steps after it are redone
 identically.
 SIGINT or SIGTERM stops a run after its current step, with a checkpoint there (exit 130 / 143).
+`--budget B` compares each step's mismatch with budget B's interval as the run goes (watch_budget: a line
+when the running interval passes it, over_budget in metrics.jsonl); `--over-budget stop` then ends the run
+at that step with a checkpoint (exit 6).
 
     python train.py                    # smollm2 pair, ~3 min on a 2-core CPU
     python train.py --pair tiny        # addition task; prints accuracy
@@ -27,8 +30,13 @@ SIGINT or SIGTERM stops a run after its current step, with a checkpoint there (e
     python train.py --pair tiny --loss grpo --tis-cap 2     # the RL baseline
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import copy
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -37,11 +45,14 @@ import torch
 from tqdm import tqdm
 
 from batches import Batches, make_engine
+from budget import CALIBRATABLE, budget_band, budget_center, match_loss, match_pair, read_budget
 from cli import (
     EXPECTED,
     MAX_BATCH,
     BadInput,
     NonFinite,
+    OverBudget,
+    RERUN,
     Parser,
     StopSignals,
     batch_int,
@@ -51,6 +62,7 @@ from cli import (
     learning_rate as lr_value,
     nonneg_float,
     nonneg_int,
+    path_text,
     positive_int,
     recheck_flags,
     seed_int,
@@ -59,7 +71,16 @@ from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from kl import prefix_shift_kl
 from mismatch import rescored_token_kl
-from models import DEVICES, MAX_NEW_TOKENS, PAIRS, check_prompts, format_prompt, load_pair, resolve_device
+from models import (
+    DEVICES,
+    MAX_NEW_TOKENS,
+    PAIRS,
+    check_prompts,
+    format_prompt,
+    load_pair,
+    pair_files,
+    resolve_device,
+)
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args, snapshot
 from lab.runfiles import (
@@ -67,11 +88,13 @@ from lab.runfiles import (
     append_metrics,
     atomic_save,
     changes,
+    check_run_id,
     check_target,
     claim,
     clean_leftovers,
     load_checkpoint,
     load_config,
+    new_run_id,
     note_changes,
     plot_curves,
     read_metrics,
@@ -83,6 +106,7 @@ from lab.runfiles import (
     resume_changes,
     resume_command,
     reusable_run,
+    saved_run_id,
     start_files,
     summary,
 )
@@ -118,6 +142,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     name: str = ""  # run folder name under out_dir; "" = <pair>-<timestamp>
     out_dir: str = "runs"
+    budget: str | None = None  # budget.json the running mismatch is compared with (watch_budget); None off
+    over_budget: str = "warn"  # above the budget: warn | stop (a checkpoint at that step, exit 6)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def __post_init__(self):  # combinations no single flag can refuse (each flag's range: its converter)
@@ -138,6 +164,13 @@ class TrainConfig:
             raise BadInput(
                 f"--center-advantages with --loss {self.loss}: applies to --loss sampled or sampler (the "
                 "analytic loss has no advantage; grpo's advantages are already centred on their group)"
+            )
+        if self.over_budget == "stop" and self.budget is None:
+            raise BadInput("--over-budget stop: needs --budget BUDGET.json, the budget to stop at")
+        if self.budget is not None and self.loss not in CALIBRATABLE:
+            raise BadInput(
+                f"--budget with --loss {self.loss}: a budget holds for one OPD loss "
+                f"({', '.join(CALIBRATABLE)}; python -m lab.calibrate --loss)"
             )
 
 
@@ -232,6 +265,7 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
         **stats,
         **extra,
         "mismatch_kl": kl_N.mean().item(),
+        "mismatch_se": mismatch_se(kl_N, rollout),
         "prefix_kl": prefix_shift_kl(kl_N, rollout).mean().item(),
         "engine_version": rollout.version,
         "grad_norm": grad_norm.item(),
@@ -239,6 +273,22 @@ def train_step(pair, batches: Batches, cfg: TrainConfig, optimizer, step: int, d
         "sample_seconds": sample_seconds,
         "seconds": time.time() - t0,
     }
+
+
+def mismatch_se(kl_N: torch.Tensor, rollout) -> float | None:
+    """The standard error of a step's mismatch_kl over its sequences: with S_b and n_b the KL sum and token
+    count of response b (of B with a token), m = Σ S_b / Σ n_b, the ratio estimator's (delta method)
+        se = √(B / (B − 1) · Σ_b (S_b − m · n_b)²) / Σ_b n_b.
+    Responses, not tokens, are the units: the tokens of one response are correlated. None below 2."""
+    target_B_T = rollout.response_mask[:, 1:].bool().to(kl_N.device)
+    kl_B_T = torch.zeros(target_B_T.shape, dtype=torch.float64, device=kl_N.device)
+    kl_B_T = kl_B_T.masked_scatter(target_B_T, kl_N.double())
+    n_B = target_B_T.sum(1).double()
+    sum_B, n_B = kl_B_T.sum(1)[n_B > 0], n_B[n_B > 0]
+    if len(n_B) < 2:
+        return None
+    m = sum_B.sum() / n_B.sum()
+    return (len(n_B) / (len(n_B) - 1) * ((sum_B - m * n_B) ** 2).sum()).sqrt().item() / n_B.sum().item()
 
 
 def trajectory(pair, steps: int, device, **overrides) -> list[dict]:
@@ -272,6 +322,9 @@ class Run:
     records: list = field(default_factory=list)
     start: int = 1
     stop: StopSignals | None = None  # SIGINT/SIGTERM: stop after the current step
+    rerun: str = ""  # how the line of an interrupted run says to continue it
+    run_id: str | None = None  # in config.json and every checkpoint (None: a folder from before run ids)
+    budget: dict | None = None  # cfg.budget, read and matched to the run (run_budget)
 
     @property
     def dir(self) -> Path:
@@ -279,7 +332,18 @@ class Run:
 
 
 # Settings a --resume may change: none of them changes what the run computes (steps: extend only).
-SAFE_ON_RESUME = ("steps", "ckpt_every", "ckpt_minutes", "kl_chunk", "device", "name", "out_dir")
+# The budget and what to do past it only watch the run.
+SAFE_ON_RESUME = (
+    "steps",
+    "ckpt_every",
+    "ckpt_minutes",
+    "kl_chunk",
+    "device",
+    "name",
+    "out_dir",
+    "budget",
+    "over_budget",
+)
 
 
 def prepare(cfg: TrainConfig, resume: bool) -> Run:
@@ -288,6 +352,7 @@ def prepare(cfg: TrainConfig, resume: bool) -> Run:
     after it releases the lock and leaves the folder as it was."""
     run_dir = check_target(cfg.out_dir, cfg.name, resume)  # a fast refusal; claim() decides under the lock
     device = resolve_device(cfg.device)
+    budget = run_budget(cfg)  # another pair's or loss's budget is refused before anything loads
     pair = load_pair(
         cfg.pair,
         teacher=cfg.teacher,
@@ -308,10 +373,13 @@ def prepare(cfg: TrainConfig, resume: bool) -> Run:
     engine.sync(pair.student, 0)  # build the first engine and let it sample once now: fp8-dyn on a CPU, or a
     engine.generate([format_prompt(pair.tokenizer, pair.train_prompts[0].text)])  # --noise that breaks the
     engine.snapshots.clear()  # weights, is refused before the folder is touched (step 1 re-syncs)
-    run = Run(cfg, pair, optimizer, Batches(pair, engine, cfg, device), device, claim(run_dir, resume))
+    batches = Batches(pair, engine, cfg, device)
+    run = Run(cfg, pair, optimizer, batches, device, claim(run_dir, resume), budget=budget)
     try:
         if resume:
             restore(run)
+        else:
+            run.run_id = new_run_id()
         clean_leftovers(run_dir)
     except BaseException:
         run.lock.release()
@@ -324,6 +392,7 @@ def restore(run: Run) -> None:
     """Under the lock: the saved config must be this run's, then the checkpoint (if any) and the metrics."""
     cfg = run.cfg
     saved = load_config(run.dir, TrainConfig)
+    run.run_id = saved_run_id(run.dir)
     differ = changes(asdict(saved), asdict(cfg))
     refuse_unsafe(differ, source=run.dir / "config.json", safe=SAFE_ON_RESUME)
     ckpt = run.dir / "checkpoint.pt"
@@ -331,6 +400,7 @@ def restore(run: Run) -> None:
         refuse_finished(run.dir, steps=saved.steps)  # a finished run is never redone over its own files
         return note_changes(differ)  # killed before its first checkpoint: start again from step 0
     state = load_checkpoint(ckpt, run.device)
+    check_run_id(state, run.run_id, source=ckpt)  # another run's checkpoint, however alike, is refused
     if state["step"] > cfg.steps:
         raise BadInput(
             f"--steps {cfg.steps}: {run.dir} already finished {state['step']} steps; "
@@ -357,8 +427,96 @@ def save_checkpoint(run: Run, step: int) -> None:
         "batches": run.batches.state(),
         "config": asdict(run.cfg),
         "records": list(run.records),
+        "run_id": run.run_id,
     }
     atomic_save(state, run.dir / "checkpoint.pt")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The budget inside a run: each step's measured mismatch against a budget's interval
+
+
+BUDGET_WINDOW = 10  # steps the running interval pools: recent enough to show a drift, enough to be stable
+Z95 = 1.959964  # the normal 97.5% quantile
+# the engine settings that make a run's mismatch, with the flag that names each (train.py's)
+SOURCE_FLAGS = ("weights", "fp8_skip", "kv_cache", "kv_scales", "staleness", "noise", "temperature", "top_p")
+
+
+def run_budget(cfg: TrainConfig) -> dict | None:
+    """cfg.budget (None: no budget) read (budget.read_budget) and matched to the run: the same pair, by its
+    models for --teacher/--student (budget.match_pair), and the same loss, cap and centring
+    (budget.match_loss, budget.center_advantages); one line (BadInput) otherwise, before anything loads."""
+    if cfg.budget is None:
+        return None
+    where = f"--budget {cfg.budget}"
+    budget = read_budget(Path(cfg.budget), None)
+    match_pair(budget, cfg.pair, pair_files(cfg.teacher, cfg.student), where=where)
+    match_loss(budget, cfg.loss, cfg.tis_cap)
+    if budget_center(budget, where) != cfg.center_advantages:
+        raise BadInput(
+            f"{where} was calibrated with center_advantages {budget_center(budget, where)}, this run "
+            f"trains with {cfg.center_advantages}; a budget holds only for its loss"
+        )
+    return budget
+
+
+def engine_source(cfg: TrainConfig) -> str:
+    """Where the run's mismatch comes from, as its flags name it: each engine setting that differs from an
+    exact copy of the student (RolloutConfig's defaults), and --async (one step stale)."""
+    exact = RolloutConfig()
+    flags = [
+        f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, tuple) else v}"
+        for k in SOURCE_FLAGS
+        if (v := getattr(cfg.rollout, k)) != getattr(exact, k)
+    ]
+    flags += ["--async"] if cfg.async_rollout else []
+    return " ".join(flags) or "none set (the engine is the student's exact copy: the rounding floor)"
+
+
+def running_mismatch(records: list[dict]) -> dict | None:
+    """The running interval of the mismatch over the last BUDGET_WINDOW steps that carry a standard error:
+    with their mismatch_kl m_i and mismatch_se se_i (n steps, each drawn afresh, so independent),
+        mean = Σ m_i / n,   se = √(Σ se_i²) / n,   [max(0, mean − 1.96 se), mean + 1.96 se]
+    (normal approximation). None before such a step."""
+    rows = [r for r in records if r.get("mismatch_se") is not None][-BUDGET_WINDOW:]
+    if not rows:
+        return None
+    mean = sum(r["mismatch_kl"] for r in rows) / len(rows)
+    se = math.sqrt(sum(r["mismatch_se"] ** 2 for r in rows)) / len(rows)
+    return {"mean": mean, "lo": max(0.0, mean - Z95 * se), "hi": mean + Z95 * se, "steps": len(rows)}
+
+
+def watch_budget(run: Run, rec: dict) -> bool:
+    """With a budget (run.budget), compare the running mismatch (running_mismatch, this step included) with
+    the budget's interval [B_lo, B_hi] (budget.budget_band) and record it in the step's metrics:
+    mismatch_run_mean/_lo/_hi, mismatch_run_steps and over_budget, true when lo > B_hi (as check REJECTS).
+    Prints one line when over_budget turns true (the step, the numbers, the budget and the source:
+    engine_source) and one when it turns false again. True when the run should stop here (over, and
+    --over-budget stop). The training mismatch is on training prompts and the moving student, the budget's
+    on the calibration's probes against the untrained student: a warning says to check the configuration
+    (admit.py check), not that quality was lost."""
+    if run.budget is None:
+        return False
+    interval = running_mismatch([*run.records, rec])
+    if interval is None:
+        return False
+    b_lo, b_hi = budget_band(run.budget)
+    over = interval["lo"] > b_hi
+    rec.update({f"mismatch_run_{k}": v for k, v in interval.items()}, over_budget=over)
+    was = next((r["over_budget"] for r in reversed(run.records) if "over_budget" in r), False)
+    if over != was:
+        numbers = (
+            f"step {rec['step']}: running mismatch {interval['mean']:.3e} nats/token, 95% interval "
+            f"[{interval['lo']:.3e}, {interval['hi']:.3e}] over the last {interval['steps']} steps"
+        )
+        where = f"the budget's interval [{b_lo:.3e}, {b_hi:.3e}] ({run.cfg.budget})"
+        tqdm.write(
+            f"warning: {numbers}, is above {where}; source: {engine_source(run.cfg)}"
+            if over
+            else f"note: {numbers}, is no longer above {where}",
+            file=sys.stderr,
+        )
+    return over and run.cfg.over_budget == "stop"
 
 
 def train_loop(run: Run, quiet: bool) -> None:
@@ -378,32 +536,40 @@ def train_loop(run: Run, quiet: bool) -> None:
             t0 = time.time()
             rec.update(evaluate(run.pair, cfg, run.device))
             rec["eval_seconds"] = time.time() - t0
+        halt = watch_budget(run, rec)  # over the budget with --over-budget stop: checkpoint, then stop
         log(run, rec)  # metrics first, then the checkpoint: a kill in between only repeats this step
         due = (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps
-        saved = due or (cfg.ckpt_minutes and time.time() - last_ckpt >= 60 * cfg.ckpt_minutes)
+        saved = due or halt or (cfg.ckpt_minutes and time.time() - last_ckpt >= 60 * cfg.ckpt_minutes)
         if saved or (run.stop and run.stop.signum is not None):  # a signal: checkpoint here, then stop
             save_checkpoint(run, step)
             last_ckpt = time.time()
         if run.stop:
-            run.stop.check(f"interrupted at step {step}; resume with: {resume_command(cfg)}")
+            run.stop.check(f"interrupted at step {step}; {run.rerun}")
+        if halt:
+            raise OverBudget(
+                f"step {step}: the running mismatch is above --budget {cfg.budget}; stopped with a "
+                f"checkpoint at step {step} (--over-budget stop); to go on past it: "
+                f"{resume_command(cfg)} --over-budget warn"
+            )
         shown = ("loss", "rkl", "reward", "eval_rkl", "eval_acc")
         bar.set_postfix({k: f"{rec[k]:.3f}" for k in shown if k in rec})
 
 
-def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dict]:
+def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False, rerun: str | None = None) -> list[dict]:
     """Train according to cfg; return the metric records. The run folder must be new unless resume.
-    SIGINT or SIGTERM stops it after the current step with a checkpoint (cli.Interrupted)."""
+    SIGINT or SIGTERM stops it after the current step with a checkpoint (cli.Interrupted), in one line that
+    ends with `rerun`, how to continue it (default: train.py's --resume command)."""
     with StopSignals() as stop:
         r = prepare(cfg, resume)
-        r.stop = stop
+        r.stop, r.rerun = stop, rerun or f"resume with: {resume_command(cfg)}"
         try:
             fresh = r.start == 1 and not resume
             stop.check(
-                "interrupted before the run started; nothing was written"
+                "interrupted before the run started; nothing was written" + (f"; {rerun}" if rerun else "")
                 if fresh
-                else f"interrupted before step {r.start}; resume with: {resume_command(cfg)}"
+                else f"interrupted before step {r.start}; {r.rerun}"
             )
-            start_files(r.dir, r.records, config=asdict(cfg))
+            start_files(r.dir, r.records, config={**asdict(cfg), "run_id": r.run_id})
             if r.start == 1:  # step 0: the untrained student, evaluated once
                 t0 = time.time()
                 log(
@@ -432,12 +598,12 @@ def run(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> list[dic
 def run_or_resume(cfg: TrainConfig) -> list[dict]:
     """The records of run cfg.name: reused when it finished with these very settings (runfiles.reusable_run),
     resumed when killed, else run (quietly); other settings are refused. How lab/calibrate.py and the study
-    reuse runs."""
+    reuse runs; a signal stops the run at its step with a line saying to rerun their command (cli.RERUN)."""
     run_dir = Path(cfg.out_dir) / cfg.name
     settings = {k: v for k, v in asdict(cfg).items() if k not in SAFE_ON_RESUME or k == "steps"}
     if reusable_run(run_dir, settings=settings, step=cfg.steps):
         return read_metrics(run_dir / "metrics.jsonl", upto=cfg.steps)
-    return run(cfg, resume=(run_dir / "config.json").is_file(), quiet=True)
+    return run(cfg, resume=(run_dir / "config.json").is_file(), quiet=True, rerun=RERUN)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -470,8 +636,22 @@ COMMON_FLAGS = [
     ("--tis-cap", cap_float, "non-analytic losses: weight min(π_train/π_engine, C); 0 off, inf full IS"),
     ("--kl-chunk", positive_int, "response tokens per full-vocabulary chunk (bounds memory)"),
     ("--seed", seed_int, "seed for prompt order, sampling and weight noise"),
-    ("--out-dir", str, "parent folder of run folders"),
+    ("--out-dir", path_text, "parent folder of run folders"),
 ]
+
+
+# the flags that load any Hugging Face pair and its prompts, as train.py and lab.calibrate read them
+PAIR_FILE_FLAGS = [
+    ("--teacher", "HF id or local folder of the teacher (with --student; replaces --pair)"),
+    ("--student", "HF id or local folder of the student; shares the teacher's tokenizer"),
+    ("--prompts", 'JSONL of {"prompt": ..., "answer": optional}; every 10th is held out'),
+]
+
+
+def add_pair_files(p) -> None:
+    """--teacher, --student and --prompts (PAIR_FILE_FLAGS): names of files and folders, so text."""
+    for flag, text in PAIR_FILE_FLAGS:
+        p.add_argument(flag, type=path_text, help=text)
 
 
 def build_parser() -> Parser:
@@ -480,10 +660,8 @@ def build_parser() -> Parser:
         description="On-policy distillation: the student lowers reverse KL to the teacher on its own samples."
     )
     p.add_argument("--pair", default=d.pair, choices=PAIRS, help="embedded pair (default: %(default)s)")
-    p.add_argument("--teacher", help="HF id or local folder of the teacher (with --student; replaces --pair)")
-    p.add_argument("--student", help="HF id or local folder of the student; shares the teacher's tokenizer")
+    add_pair_files(p)
     p.add_argument("--student-layers", type=positive_int, help="smollm2/gemma3: the student's decoder layers")
-    p.add_argument("--prompts", help='JSONL of {"prompt": ..., "answer": optional}; every 10th is held out')
     for flag, kind, text in PER_PAIR_FLAGS:
         p.add_argument(flag, type=kind, help=f"{text} ({per_pair(flag[2:].replace('-', '_'))})")
     for flag, kind, text in COMMON_FLAGS:
@@ -513,6 +691,7 @@ def build_parser() -> Parser:
     p.add_argument("--device", default=d.device, choices=DEVICES, help="(default: %(default)s: CUDA if any)")
     p.add_argument(
         "--name",
+        type=path_text,
         default=d.name,
         help="run folder under --out-dir, one folder name (default: <pair>-<timestamp>)",
     )
@@ -523,7 +702,25 @@ def build_parser() -> Parser:
         f"with its saved config (may change: {', '.join(SAFE_ON_RESUME[:4])}; --steps only up)",
     )
     add_rollout_args(p.add_argument_group("rollout engine"))
+    add_budget_args(p.add_argument_group("the mismatch budget, checked at every step"))
     return p
+
+
+OVER_BUDGET = ("warn", "stop")
+
+
+def add_budget_args(g) -> None:
+    g.add_argument(
+        "--budget",
+        type=path_text,
+        help="budget.json of this pair and loss (python -m lab.calibrate): a line when the running mismatch "
+        "is above its interval; over_budget in metrics.jsonl",
+    )
+    g.add_argument(
+        "--over-budget",
+        choices=OVER_BUDGET,
+        help="above the budget: warn, or stop with a checkpoint at that step, exit 6 (default: warn)",
+    )
 
 
 def config_from_args(args) -> TrainConfig:
@@ -551,7 +748,12 @@ def config_for(args, given: set[str]) -> TrainConfig:
         raise BadInput("--resume needs --name NAME of the run to continue")
     run_dir = check_target(args.out_dir, args.name, resume=True)
     cfg = replace(load_config(run_dir, TrainConfig), out_dir=args.out_dir, name=args.name)
-    choices = {"pair": (*PAIRS, "custom"), "loss": ESTIMATORS, "schedule": SCHEDULES}
+    choices = {
+        "pair": (*PAIRS, "custom"),
+        "loss": ESTIMATORS,
+        "schedule": SCHEDULES,
+        "over_budget": OVER_BUDGET,
+    }
     recheck_flags(cfg, PER_PAIR_FLAGS + COMMON_FLAGS, choices=choices, where=f"{run_dir}/config.json")
     new = resume_changes(
         asdict(cfg),

@@ -18,7 +18,17 @@ calibration that adds configurations or changes the tolerance can also take the 
 recorded (`--reuse its budget.json or refused.json`), so runs that are no longer on disk are not run again.
 
     python -m lab.calibrate --pair tiny --out budgets/tiny
+    python -m lab.calibrate --teacher T --student S --prompts my.jsonl --out budgets/mine   # your own pair
+
+Your own pair takes train.py's flags (--teacher/--student/--prompts: any Hugging Face pair that shares a
+tokenizer; the probes are the prompts' held-out tenth), and its budget.json names the models and the prompts
+(pair "custom", teacher, student, prompts, prompts_sha256), which check and train.py --budget compare.
 """
+
+import cli
+
+# first, before the heavy imports below: a SIGINT/SIGTERM during them is one line too
+cli.exit_on_signals(__name__, note=cli.RERUN)
 
 import json
 import math
@@ -35,10 +45,12 @@ from tqdm import tqdm
 from admit import stale_versions
 from budget import (
     CALIBRATABLE,
+    POWER_RULE,
     SCALE,
     SCHEMA_VERSION,
     json_cap,
     loss_label,
+    pair_flags,
     read_budget,
     source_staleness,
 )
@@ -48,17 +60,28 @@ from cli import (
     Parser,
     cap_float,
     check_output_dir,
-    comma_floats,
     fail,
+    noise_levels,
     open_fraction,
+    path_text,
     positive_int,
 )
 from evaluate import evaluate
 from mismatch import measure_config
-from models import DEVICES, PAIRS, device_label, format_prompt, load_pair, resolve_device
+from models import (
+    DEVICES,
+    PAIRS,
+    device_label,
+    format_prompt,
+    held_out,
+    load_pair,
+    pair_files,
+    prompts_sha256,
+    resolve_device,
+)
 from rollout import RolloutConfig
 from lab.runfiles import atomic_savefig, atomic_write_text, load_checkpoint, read_metrics, run_seconds
-from train import pair_config, run_or_resume
+from train import add_pair_files, pair_config, run_or_resume
 
 # ---------------------------------------------------------------------------------------------------
 # The budget fit (pure)
@@ -215,6 +238,8 @@ def run_point(records: list[dict]) -> dict:
         "eval_acc": evals[-1].get("eval_acc"),
         "eval_reward_start": evals[0].get("eval_reward"),
         "eval_reward": evals[-1].get("eval_reward"),
+        # every evaluation, so that a later analysis can average the last few instead of the final one
+        "eval_rkl_by_step": [[r["step"], r["eval_rkl"]] for r in evals],
         "seconds": run_seconds(records),
     }
 
@@ -304,7 +329,7 @@ def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device, settings: di
     held-out prompts, against the pair's untrained student (a stale engine: the student `staleness` real
     OPD steps on with the training `settings`, the engine serving the old weights). Returns
     mismatch.measure_config's dict."""
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
+    probes = [format_prompt(pair.tokenizer, p.text) for p in held_out(pair, n_probes, "--probes")]
     versions = stale_versions(pair, cfg.staleness, settings, device=device)[0] if cfg.staleness else None
     return measure_config(pair, cfg, probes, versions=versions)
 
@@ -326,11 +351,34 @@ def paired_quality_losses(points: list[dict], tolerance: float) -> tuple[float, 
     return tolerance * improvement, base
 
 
-def budget_header(pair: str, loss: dict, command: str, device: str) -> dict:
-    """What a budget is for and how it was made: schema, pair, loss, command, scale and device."""
+def own_pair(args) -> tuple[str, dict]:
+    """The pair a calibration is for, read from its flags as train.py reads them: "custom" with --teacher and
+    --student (they replace --pair), else --pair; and the files it loads (models.pair_files), refused now
+    when missing, before any run."""
+    if (args.teacher is None) != (args.student is None):
+        raise BadInput("--teacher and --student must be given together")
+    if args.teacher is not None and args.prompts is None:
+        raise BadInput("--teacher/--student need --prompts FILE.jsonl (its held-out tenth are the probes)")
+    return ("custom" if args.teacher else args.pair), pair_files(args.teacher, args.student, args.prompts)
+
+
+PAIR_KEYS = ("teacher", "student", "prompts_sha256")  # what budget.json names of a pair beyond its name
+
+
+def pair_record(files: dict) -> dict:
+    """budget.json's record of the files a pair was loaded from (models.pair_files: the teacher and student
+    of a custom pair, the prompts file) and the sha256 of its prompts, whose held-out tenth are the probes
+    the budget's scale is measured on; {} for an embedded pair as it ships."""
+    return {**files, **({"prompts_sha256": prompts_sha256(files["prompts"])} if "prompts" in files else {})}
+
+
+def budget_header(pair: str, loss: dict, command: str, device: str, files: dict | None = None) -> dict:
+    """What a budget is for and how it was made: schema, pair (and the files of a custom one, pair_record),
+    loss, command, scale and device."""
     return {
         "schema_version": SCHEMA_VERSION,
         "pair": pair,
+        **pair_record(files or {}),
         "loss": loss["loss"],
         "tis_cap": json_cap(loss["tis_cap"]),
         "command": command,
@@ -375,10 +423,11 @@ def calibrate(
     command: str = "",
     loss: dict | None = None,
     reuse: dict | None = None,
+    files: dict | None = None,
 ) -> dict:
-    """The budget of `pair` for the OPD loss `loss` ({"loss": estimator, "tis_cap": C}; None: analytic),
-    taking the points of `reuse` (a recorded calibration, reused_record) instead of running them again."""
-    loss = loss or {"loss": "analytic", "tis_cap": 0.0}
+    """The budget of `pair` (loaded from `files`: models.pair_files) for the OPD loss `loss` ({"loss":
+    estimator, "tis_cap": C}; None: analytic), taking the points of `reuse` (reused_record) as recorded."""
+    loss, files = loss or {"loss": "analytic", "tis_cap": 0.0}, files or {}
     points = calibration_points(
         pair,
         out,
@@ -390,11 +439,12 @@ def calibrate(
         n_probes=n_probes,
         loss=loss,
         reused=reuse["points"] if reuse else [],
+        files=files,
     )
     tol, base = paired_quality_losses(points, tolerance)
     recorded_sd = reuse["noise"]["eval_sd_by_prompts"] if reuse else None
     budget = {
-        **budget_header(pair, loss=loss, command=command, device=device),
+        **budget_header(pair, loss=loss, command=command, device=device, files=files),
         **tolerance_record(points, base, tol=tol, fraction=tolerance),
         **budget_fit(points, loss["loss"], fraction=tolerance, tol=tol, seeds=seeds),
         "method": "isotonic fit of quality loss vs mismatch over the points fitted_to names, all seeds; "
@@ -413,10 +463,16 @@ def calibrate(
             seeds=seeds,
             device=device,
             recorded=recorded_sd,
+            files=files,
         ),
         **reuse_entry(reuse, points),
         "points": points,
     }
+    return write_budget(budget, out)
+
+
+def write_budget(budget: dict, out: Path) -> dict:
+    """out/budget.json and budget.png, unless the quality axis is noise (refuse_noise)."""
     out.mkdir(parents=True, exist_ok=True)
     refuse_noise(budget, out)
     atomic_write_text(out / "budget.json", json.dumps(budget, indent=2) + "\n")
@@ -440,33 +496,27 @@ def calibration_points(
     n_probes: int,
     loss: dict,
     reused: list[dict] = (),
+    files: dict | None = None,
 ) -> list[dict]:
     """One short OPD run per calibration configuration and seed (resumed where finished), each with its
     probe-measured mismatch: the points calibrate fits the budget to. A configuration and seed that
-    `reused` (a recorded calibration's points, same settings) holds is taken from it, marked "reused"."""
+    `reused` (a recorded calibration's points, same settings) holds is taken from it, marked "reused".
+    `files`: the --teacher/--student/--prompts the pair loads (models.pair_files), for the runs too."""
+    files = files or {}
     plan = [
         (label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)
     ]
     recorded = {(p["source"], p["seed"]): p for p in reused}
-    loaded = load_pair(pair, device=device)  # for the probe measurements
-    points = []
+    loaded = load_pair(pair, device=device, **files)  # for the probe measurements
+    held_out(loaded, n_probes, "--probes")  # more probes than the pair holds: refused before any run
+    points, train_over = [], {"steps": steps, "eval_every": 0, **loss, **files}
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
         old = recorded.get((label, seed))
         if old is not None and all(old.get(k) == v for k, v in over.items()):
             points.append({**{k: v for k, v in old.items() if k != "quality_loss"}, "reused": True})
             continue
         name = run_name(label, seed)
-        run = short_run(
-            out / "runs",
-            pair,
-            name,
-            seed=seed,
-            device=device,
-            rollout_over=over,
-            steps=steps,
-            eval_every=0,
-            **loss,
-        )
+        run = short_run(out / "runs", pair, name, seed=seed, device=device, rollout_over=over, **train_over)
         cfg = replace(study_config(pair).rollout, seed=seed, **over)
         probe = cached_probe(
             out / "runs" / name / "probe.json",
@@ -495,18 +545,27 @@ def reused_count(points: list[dict]) -> int:
 
 
 # what a recorded calibration must share with this one for its points to stand in for runs
-REUSE_KEYS = ("pair", "loss", "tis_cap", "steps", "train_settings", "probes")
+REUSE_KEYS = ("pair", *PAIR_KEYS, "loss", "tis_cap", "steps", "train_settings", "probes")
+# what a reused point must hold (budget.POINT types them): its configuration and seed, its probe mismatch, its
+# start and final quality, its run time; and the record's evaluation-noise measurement
+REUSE_NEEDS = (
+    "points.source",
+    "points.seed",
+    "points.mismatch",
+    "points.eval_rkl_start",
+    "points.eval_rkl",
+    "points.seconds",
+    "noise.eval_sd_by_prompts",
+)
 
 
 def reused_record(path: Path, wanted: dict) -> dict:
     """A recorded calibration (budget.json or refused.json, budget.read_budget) whose REUSE_KEYS equal
     `wanted`'s: its points, its evaluation-noise measurement, its path and where its points trained
     (trained_on). One line (BadInput) naming the first field that differs: points trained at other
-    settings would be paired with the wrong baseline."""
-    try:
-        record = read_budget(path, wanted["pair"])
-    except BadInput as e:
-        raise BadInput(str(e).replace("--budget", "--reuse", 1)) from None
+    settings would be paired with the wrong baseline. Every point's fields are checked here, before any run
+    (REUSE_NEEDS: what calibration_points and the fit read of a reused point)."""
+    record = read_budget(path, wanted["pair"], needs=REUSE_NEEDS, flag="--reuse")
     for key in REUSE_KEYS:
         if record.get(key) != wanted[key]:
             raise BadInput(
@@ -546,12 +605,12 @@ def cached_probe(path: Path, cfg: RolloutConfig, n_probes: int, pair, device, se
 EVAL_SEEDS = 4  # evaluation seeds for the evaluation-noise measurement
 
 
-def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
+def eval_noise(pair_name: str, run_dir: Path, device: str, files: dict | None = None) -> dict:
     """The evaluation's own sampling noise: one finished run's final student evaluated with EVAL_SEEDS
     evaluation seeds (nothing else varies), on the demo's 16 held-out prompts and on the study's number.
     Returns {prompts: {"eval_rkl": [...], "sd": SD}}. Saved next to the run (eval_noise.json) and reused
     while the run's last metrics line and the evaluation settings are the same, so re-fitting a finished
-    calibration neither evaluates again nor needs the checkpoint."""
+    calibration neither evaluates again nor needs the checkpoint. `files`: as calibration_points."""
     cfg = study_config(pair_name, device=device)
     key = {
         "eval_seeds": EVAL_SEEDS,
@@ -563,14 +622,16 @@ def eval_noise(pair_name: str, run_dir: Path, device: str) -> dict:
     saved = json.loads(path.read_text()) if path.is_file() else {}
     if saved.get("key") == key:
         return saved["by_prompts"]
-    out = measure_eval_noise(pair_name, run_dir, cfg, prompts=key["prompts"], device=device)
+    out = measure_eval_noise(pair_name, run_dir, cfg, prompts=key["prompts"], device=device, files=files)
     atomic_write_text(path, json.dumps({"key": key, "by_prompts": out}, indent=1) + "\n")
     return out
 
 
-def measure_eval_noise(pair_name: str, run_dir: Path, cfg, prompts: list[int], device: str) -> dict:
+def measure_eval_noise(
+    pair_name: str, run_dir: Path, cfg, prompts: list[int], device: str, files: dict | None = None
+) -> dict:
     """eval_noise's measurement: the run's final student, EVAL_SEEDS evaluations per prompt count."""
-    pair = load_pair(pair_name, device=device)
+    pair = load_pair(pair_name, device=device, **(files or {}))
     pair.student.load_state_dict(load_checkpoint(run_dir / "checkpoint.pt", device)["student"])
     out = {}
     for n in prompts:
@@ -627,13 +688,14 @@ def quality_noise(
     seeds: int,
     device,
     recorded=None,
+    files: dict | None = None,
 ) -> dict:
     """How far the quality axis can be trusted: the evaluation's own noise (eval_noise on base_run, or
     `recorded`, the measurement of a reused calibration whose baseline run is not on disk) and the paired
     loss's gate over the points the budget is fitted to (paired_loss_gate)."""
     base = [p["eval_rkl"] for p in points if p["source"] == "baseline"]
     on_disk = (base_run / "metrics.jsonl").is_file()
-    eval_sd = recorded if recorded and not on_disk else eval_noise(pair_name, base_run, device)
+    eval_sd = recorded if recorded and not on_disk else eval_noise(pair_name, base_run, device, files=files)
     return {
         "eval_sd_by_prompts": eval_sd,
         "eval_seeds": EVAL_SEEDS,
@@ -657,6 +719,8 @@ def paired_loss_gate(points: list[dict], *, tol: float, seeds: int, loss: str) -
         "paired_loss_se": se,
         "tolerance_over_se": tol / se if se else None,
         "tolerance_at_least_2se": None if se is None else tol >= 2 * se,
+        "se_over_tolerance": se / tol if se is not None else None,
+        "under_powered": se is None or se > tol / POWER_RULE,  # budget.budget_power's rule
     }
 
 
@@ -716,10 +780,12 @@ def plot_budget(budget: dict, path: Path) -> None:
 def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
-    parser.add_argument("--out", help="output folder (default: budgets/<pair>)")
+    # train.py's flags for any Hugging Face pair: the budget.json names these models
+    add_pair_files(parser)  # the held-out tenth of --prompts are the probes
+    parser.add_argument("--out", type=path_text, help="output folder (default: budgets/<pair>[/<loss>])")
     parser.add_argument(
         "--noise-grid",
-        type=comma_floats,
+        type=noise_levels,
         default="0.003,0.01,0.03,0.1,0.3,0.5,1",
         help="comma-separated noise levels σ (default: %(default)s)",
     )
@@ -765,6 +831,7 @@ def build_parser() -> Parser:
     )
     parser.add_argument(
         "--reuse",
+        type=path_text,
         help="a budget.json or refused.json of a calibration at the same pair, loss, steps, settings and "
         "probes: its configurations and seeds are taken as recorded instead of run again",
     )
@@ -778,26 +845,29 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
         if args.loss == "analytic" and args.tis_cap > 0:
             raise BadInput(f"--tis-cap {args.tis_cap:g}: the analytic loss has no importance weights")
+        pair, files = own_pair(args)
         label = loss_label(args.loss, args.tis_cap)
-        default = f"budgets/{args.pair}" if label == "analytic" else f"budgets/{args.pair}/{label}"
+        default = f"budgets/{pair}" if label == "analytic" else f"budgets/{pair}/{label}"
         out = check_output_dir(args.out or default, "--out")
         real = [r for r in args.real.split(",") if r]
         calibration_configs([], real)  # refuses an unknown --real before any run starts
         command = shlex.join(["python", "-m", "lab.calibrate", *(sys.argv[1:] if argv is None else argv)])
         loss = {"loss": args.loss, "tis_cap": args.tis_cap}
-        steps = args.steps or study_config(args.pair, **loss).steps
+        steps = args.steps or study_config(pair, **loss).steps
         wanted = {
-            "pair": args.pair,
+            "pair": pair,
             **loss,
             "steps": steps,
             "probes": args.probes,
-            "train_settings": train_settings(args.pair, **loss),
+            "train_settings": train_settings(pair, **loss),
+            **dict.fromkeys(PAIR_KEYS),
+            **pair_record(files),
         }
         reuse = reused_record(Path(args.reuse), wanted) if args.reuse else None
         budget = calibrate(
-            args.pair,
+            pair,
             out,
-            args.noise_grid,  # a list: argparse applies comma_floats to the default too
+            args.noise_grid,  # a list: argparse applies noise_levels to the default too
             real=real,
             steps=steps,
             seeds=args.seeds,
@@ -807,12 +877,14 @@ def main(argv=None) -> None:
             command=command,
             loss=loss,
             reuse=reuse,
+            files=files,
         )
     except EXPECTED as e:
         fail(e)
     print(
-        f"{args.pair}, loss {label}: budget {budget['budget']:.3e} nats/token ({budget['how']}); tolerance "
-        f"{budget['tolerance']['nats']:.3f} nats of eval reverse KL; wrote {out}/budget.json and budget.png"
+        f"{pair_flags(pair, files)}, loss {label}: budget {budget['budget']:.3e} nats/token "
+        f"({budget['how']}); tolerance {budget['tolerance']['nats']:.3f} nats of eval reverse KL; "
+        f"wrote {out}/budget.json and budget.png"
     )
 
 

@@ -1,9 +1,10 @@
 """A run folder, runs/<name>/: its lock, config, metrics, checkpoints and plots.
 
     .lock            {"pid", "host"} of the process that owns the folder, held with flock(2) while it runs
-    config.json      every setting (train.TrainConfig, RolloutConfig inside)
+    config.json      every setting (train.TrainConfig, RolloutConfig inside), and the run's id (run_id)
     metrics.jsonl    one strict-JSON object per step, appended and fsync'ed (a non-finite number is null)
-    checkpoint.pt    weights, AdamW state, the engine's batches, the config and a copy of the metric records;
+    checkpoint.pt    weights, AdamW state, the engine's batches, the config, a copy of the metric records and
+                     the run id (a resume refuses a checkpoint of another run: `check_run_id`);
                      written to checkpoint.pt.tmp, then renamed: a reader sees the old one or the new one
     curves.png       training curves
 
@@ -31,6 +32,7 @@ import sys
 import threading
 import types
 import typing
+import uuid
 from pathlib import Path
 
 import torch
@@ -46,9 +48,9 @@ def atomic_save(obj, path: Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def atomic_savefig(fig: Figure, path: Path) -> None:
+def atomic_savefig(fig: Figure, path: Path, dpi: int = 110) -> None:
     """A PNG, written like every other file (a full disk leaves the old plot, not a torn one)."""
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
 
 
 def strict(value):
@@ -169,11 +171,47 @@ def load_checkpoint(path: Path, device) -> dict:
             "records is not a list of objects",
         ),
         (isinstance(state.get("config", {}), dict), "config is not an object"),
+        (isinstance(state.get("run_id"), (str, type(None))), f"run_id is {state.get('run_id')!r}"),
     ]
     for ok, what in problems:
         if not ok:
             raise BadInput(f"--resume: {path}: {what}; not a checkpoint of train.py (remove it to restart)")
     return state
+
+
+def new_run_id() -> str:
+    """A fresh run's id, written into its config.json and every checkpoint.pt: a resume then tells the run's
+    own checkpoint from another run's of the same settings and shapes (a copied-in file)."""
+    return uuid.uuid4().hex
+
+
+def saved_run_id(run_dir: Path) -> str | None:
+    """The run id in run_dir/config.json; None for a folder made before run ids were written."""
+    path = run_dir / "config.json"
+    try:
+        run_id = json.loads(path.read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, RecursionError, AttributeError) as e:
+        raise BadInput(f"--resume: {path} cannot be read ({type(e).__name__}); nothing to resume") from None
+    if not isinstance(run_id, (str, type(None))):
+        raise BadInput(f"--resume: {path}: run_id is {run_id!r}; expected the string a run was made with")
+    return run_id
+
+
+def check_run_id(state: dict, run_id: str | None, source: Path) -> None:
+    """A checkpoint resumes only the run that wrote it: its run_id must be config.json's. A folder and a
+    checkpoint made before run ids were written (neither has one) resume as before, with a note."""
+    if state.get("run_id") != run_id:
+        theirs, ours = state.get("run_id") or "no run id", run_id or "no run id"
+        raise BadInput(
+            f"--resume: {source} belongs to another run ({theirs}; config.json: {ours}): its weights are "
+            "not this run's; put this run's own checkpoint back, or remove it to restart from step 0"
+        )
+    if run_id is None:
+        print(
+            f"note: --resume: {source.parent} has no run id (made before run ids were written); "
+            "its checkpoint is taken as its own",
+            file=sys.stderr,
+        )
 
 
 def load_cached(path: Path, device):

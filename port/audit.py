@@ -19,6 +19,7 @@ tokens is `mismatch.dump_estimate`'s mismatch_kl.
 import torch
 from matplotlib.figure import Figure
 
+from lab.runfiles import atomic_savefig
 from port.dumps import Dump
 from port.estimate import topk_token_kl
 from port.native import Step
@@ -84,7 +85,8 @@ def _label(row: dict) -> str:
 
 
 def draw(path, merged: Step, per_step: list[dict], result: dict, tops: list[dict]) -> None:
-    """The four-panel page (see the module docstring), written to `path` as PNG."""
+    """The four-panel page (see the module docstring), written to `path` as PNG through the project's
+    atomic path (lab.runfiles.atomic_savefig)."""
     est_R = token_estimates(merged.dump)
     fig = Figure(figsize=(11, 8))  # no pyplot: no global backend change
     ax = fig.subplots(2, 2)
@@ -128,7 +130,7 @@ def draw(path, merged: Step, per_step: list[dict], result: dict, tops: list[dict
     ax[1, 1].set_title(f"top {len(tops)} tokens: {sum(r['share'] for r in tops):.0%} of the summed estimate")
     fig.suptitle(f"{result['format']} export: {result['tokens']} tokens, {result['sequences']} sequences")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_savefig(fig, path, dpi=100)  # a full disk leaves the previous page, never a torn one
 
 
 def coverage_rule(result: dict) -> str:

@@ -4,7 +4,8 @@ JSONL, one sequence (one sampled response) per line, an object with
     engine_logprobs       [float, ...]  log π_engine(y_t | prefix) of each sampled response token, each <= 0
     train_logprobs        [float, ...]  log π_train(y_t | prefix) of the same tokens, under the policy being
                                         trained (no grad); same length
-    token_ids             [int, ...]    optional: the sampled tokens (needed with the top-k fields)
+    token_ids             [int, ...]    optional: the sampled tokens, one per token, each in [0, MAX_TOKEN_ID]
+                                        (needed with the top-k fields)
     engine_top_logprobs   [{id: logp}]  optional, one object per token: log-probs of the engine's top-k
     train_top_logprobs    [{id: logp}]  tokens under each side, over the same token ids (keys are strings);
                                         exactly the engine's k most likely tokens at every position. A row
@@ -37,6 +38,7 @@ MIN_LOGPROB = -1e4  # a log-prob below it is below what fp32 softmax can produce
 MAX_SEQUENCES = 100_000
 MAX_TOKENS = 20_000_000
 MAX_PT_BYTES = 2 * 2**30
+MAX_TOKEN_ID = 2**31 - 1  # token ids are int32 in every inference engine; a larger one is not an id
 
 
 @dataclass
@@ -56,22 +58,65 @@ class Dump:
         return int(self.seq_id_R.max()) + 1 if len(self.seq_id_R) else 0
 
 
+def is_number(v) -> bool:
+    """A JSON number a log-prob can be: no bool, and no integer too large for a float to hold exactly (a
+    JSON integer may have any length; float() of a 400-digit one overflows)."""
+    return isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**53)
+
+
+def logprob_problem(v) -> str | None:
+    """Why v is not a log-prob, as the words after "holds" (None when it is one): the one rule of every
+    reader, this file's and port/native.py's, for a number, finite, in [MIN_LOGPROB, 0]."""
+    if not is_number(v):
+        too_large = isinstance(v, int) and not isinstance(v, bool)
+        return "an integer too large for a log-prob" if too_large else f"{str(v)[:40]!r}, not a number"
+    if not math.isfinite(v):
+        return "NaN or an infinity"
+    if v > 1e-6:
+        return f"a positive log-prob ({v:g}); log-probs are <= 0"
+    if v < MIN_LOGPROB:
+        return f"a log-prob of {v:g}; expected log-probs in [{MIN_LOGPROB:g}, 0]"
+    return None
+
+
 def _floats(values, where: str, what: str) -> list[float]:
-    if not isinstance(values, list) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
-    ):
+    if not isinstance(values, list):
         raise BadInput(f"{where}: {what} must be a list of numbers")
-    if not all(isinstance(v, float) or abs(v) < 2**53 for v in values):  # a JSON integer of any length
-        raise BadInput(f"{where}: {what} holds an integer too large for a log-prob")
-    if not all(math.isfinite(v) for v in values):
-        raise BadInput(f"{where}: {what} holds NaN or an infinity")
-    if any(v > 1e-6 for v in values):
-        raise BadInput(f"{where}: {what} holds a positive log-prob ({max(values):g}); log-probs are <= 0")
-    if any(v < MIN_LOGPROB for v in values):
-        raise BadInput(
-            f"{where}: {what} holds a log-prob of {min(values):g}; expected log-probs in [{MIN_LOGPROB:g}, 0]"
-        )
+    for v in values:
+        if problem := logprob_problem(v):
+            raise BadInput(f"{where}: {what} holds {problem}")
     return values
+
+
+def is_token_id(i) -> bool:
+    """A token id: an integer (no bool) in [0, MAX_TOKEN_ID]."""
+    return isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_TOKEN_ID
+
+
+TENSOR_KINDS = {  # kind: (dtype test, the words a refusal uses)
+    "logprobs": (lambda t: t.is_floating_point(), "a floating-point tensor"),
+    "mask": (lambda t: not t.is_complex(), "a bool, integer or floating tensor"),
+    "ids": (
+        lambda t: not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool,
+        "an integer tensor",
+    ),
+}
+
+
+def check_tensor(t, key: str, kind: str, where: str) -> torch.Tensor:
+    """A tensor field of a dump, typed before any value is read: log-probs floating point (an integer tensor
+    is not log-probs), a mask bool, integer or floating and finite, token ids integer in [0, MAX_TOKEN_ID]."""
+    test, words = TENSOR_KINDS[kind]
+    if not isinstance(t, torch.Tensor) or not test(t):
+        got = f"a tensor of {t.dtype}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
+        raise BadInput(f"{where}: {key} is {got}; expected {words}")
+    if kind == "mask" and t.is_floating_point() and not bool(t.isfinite().all()):
+        raise BadInput(f"{where}: {key} holds NaN or an infinity; expected a mask of 0 and 1")
+    if kind == "ids" and t.numel() and not (0 <= int(t.min()) and int(t.max()) <= MAX_TOKEN_ID):
+        raise BadInput(
+            f"{where}: {key} holds {int(t.min())}..{int(t.max())}; token ids are in [0, {MAX_TOKEN_ID}]"
+        )
+    return t
 
 
 def _top(obj, key: str, n: int, where: str) -> list[dict]:
@@ -98,9 +143,15 @@ def _line(obj, where: str) -> dict:
             "they must be equal and non-zero"
         )
     seq = {"engine": engine, "train": train}
+    ids = obj.get("token_ids")
+    if ids is not None and (
+        not isinstance(ids, list) or len(ids) != len(engine) or not all(map(is_token_id, ids))
+    ):
+        raise BadInput(
+            f"{where}: token_ids must be a list of token ids in [0, {MAX_TOKEN_ID}], one per token"
+        )
     if "engine_top_logprobs" in obj or "train_top_logprobs" in obj:
-        ids = obj.get("token_ids")
-        if not isinstance(ids, list) or len(ids) != len(engine):
+        if ids is None:
             raise BadInput(f"{where}: the top-k fields need token_ids, one per token")
         top_e = _top(obj, "engine_top_logprobs", len(engine), where=where)
         top_t = _top(obj, "train_top_logprobs", len(engine), where=where)
@@ -182,19 +233,16 @@ def _read_pt(path: Path) -> list[dict]:
         raise BadInput(
             f"{path}: expected a dict with engine_logprobs, train_logprobs and mask tensors [B, T]"
         )
-    engine, train, mask = (data[k] for k in ("engine_logprobs", "train_logprobs", "mask"))
-    for key, t in (("engine_logprobs", engine), ("train_logprobs", train), ("mask", mask)):
-        floating = isinstance(t, torch.Tensor) and t.is_floating_point()
-        if not (floating or (key == "mask" and isinstance(t, torch.Tensor) and not t.is_complex())):
-            kind = "bool, integer or floating" if key == "mask" else "floating-point"
-            got = f"a tensor of {t.dtype}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
-            raise BadInput(f"{path}: {key} is {got}; expected a {kind} tensor [B, T]")
+    engine, train, mask = (
+        check_tensor(data[k], k, kind, where=str(path))
+        for k, kind in (("engine_logprobs", "logprobs"), ("train_logprobs", "logprobs"), ("mask", "mask"))
+    )
     if not (engine.shape == train.shape == mask.shape) or engine.dim() != 2:
         raise BadInput(
             f"{path}: engine_logprobs {tuple(engine.shape)}, train_logprobs {tuple(train.shape)} and "
             f"mask {tuple(mask.shape)} must be the same [B, T] shape"
         )
-    _check_size(path, sequences=int((mask != 0).any(1).sum()), tokens=int((mask != 0).sum()))
+    check_size(path, sequences=int((mask != 0).any(1).sum()), tokens=int((mask != 0).sum()))
     seqs = []
     for b in range(engine.shape[0]):
         m = mask[b].bool()
@@ -221,7 +269,7 @@ def read_dump(path: str | Path) -> Dump:
             lines = path.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError:
             raise BadInput(f"--dump {path}: not UTF-8 text (expected JSONL, or a .pt file)") from None
-        _check_size(path, sequences=sum(1 for line in lines if line.strip()), tokens=0)
+        check_size(path, sequences=sum(1 for line in lines if line.strip()), tokens=0)
         seqs = []
         for n, line in enumerate(lines, start=1):
             if line.strip():
@@ -233,11 +281,11 @@ def read_dump(path: str | Path) -> Dump:
                 seqs.append(_line(obj, f"{path}:{n}"))
     if not seqs:
         raise BadInput(f"--dump {path}: no sequences (expected one JSON object per line)")
-    _check_size(path, sequences=len(seqs), tokens=sum(len(s["engine"]) for s in seqs))
+    check_size(path, sequences=len(seqs), tokens=sum(len(s["engine"]) for s in seqs))
     return _from_sequences(seqs, where=f"--dump {path}")
 
 
-def _check_size(path: Path, sequences: int, tokens: int) -> None:
+def check_size(path: Path, sequences: int, tokens: int) -> None:
     if sequences > MAX_SEQUENCES or tokens > MAX_TOKENS:
         raise BadInput(
             f"--dump {path}: {sequences} sequences, {tokens} tokens; at most {MAX_SEQUENCES} "

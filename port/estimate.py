@@ -1,6 +1,6 @@
 """The one scale estimated from a dump: sampled-token (k3, k1) and top-k estimates, their sequence-bootstrap
-intervals, and the flags of a dump that cannot be read as it claims (kl.py has the formulas on full
-distributions; this module, what a log of sampled and top-k log-probs allows).
+intervals, the flags of a dump that cannot be read as it claims, and the KL its sampled tokens cannot see
+(kl.py has the formulas on full distributions; this module, what a log of sampled and top-k log-probs allows).
 """
 
 import math
@@ -80,21 +80,103 @@ def padding_tokens(d: Dump) -> int:
     return int(run_S.sum()) if int((run_S >= 2).sum()) >= 2 else 0
 
 
+# The range a log-prob of a sampled token can take. A sampler draws from probabilities it holds in fp32 (or
+# bf16), and the smallest positive fp32 is the subnormal 2^-149, so a drawn token's log-prob is at least
+#     log(2^-149) = −149 log 2 = −103.28    (bf16: smallest subnormal 2^-133, log = −92.19).
+# Below LOG_MIN_FP32 the value cannot come from either dtype's softmax. Between two such probabilities
+#     |log π_e(v) − log π_t(v)| <= MAX_LOG_RATIO = −LOG_MIN_FP32 = 103.28 nats.
+LOG_MIN_FP32 = -149 * math.log(2)
+LOG_MIN_BF16 = -133 * math.log(2)
+MAX_LOG_RATIO = -LOG_MIN_FP32
+# An engine log-prob of exactly 0.0 at a kept token where the trainer's is below ZERO_TRAIN_LOGP (fewer than
+# half the trainer's mass), on more than ZERO_FRACTION of the kept tokens, reads as a fill value.
+ZERO_TRAIN_LOGP = math.log(0.5)
+ZERO_FRACTION = 0.01
+
+
+def engine_zero_tokens(d: Dump) -> int:
+    """Kept tokens whose engine log-prob is exactly 0.0 while the trainer's is below log(1/2), in runs of two
+    or more such tokens of one sequence.
+
+    An fp32 log_softmax, z_y − max z − log Σ_v exp(z_v − max z), is exactly 0.0 only when the sum rounds to
+    1, i.e. the other tokens hold under 2^-24 ≈ 6e-8 of the mass: π_e(y) > 1 − 6e-8. A trainer that gives the
+    same token under 1/2 disagrees at that position by KL >= (1 − 6e-8)·log 2 ≈ 0.69 nats, from logits 16
+    nats apart. A broken engine does that at single tokens: ours at weight noise σ = 1 (half the weights'
+    power noise) ends 5% of its responses at once on an EOS it is that sure of (study/coverage.py's draws).
+    Runs of such tokens are what a fill leaves: TRL sets the engine log-prob of every tool-result token to
+    0.0, and a hook that drops `tool_mask` keeps the whole span (a tool's output is tens of tokens, so a
+    dropped tool mask puts far more than ZERO_FRACTION = 1% of a tool-using run's tokens in such runs)."""
+    zero_R = (d.engine_R == 0) & (d.train_R < ZERO_TRAIN_LOGP)
+    pair_R = zero_R[1:] & zero_R[:-1] & (d.seq_id_R[1:] == d.seq_id_R[:-1])  # t and t + 1 both, one sequence
+    run_R = torch.zeros_like(zero_R)
+    run_R[1:] |= pair_R
+    run_R[:-1] |= pair_R
+    return int(run_R.sum())
+
+
+def below_dtype_tokens(d: Dump) -> int:
+    """Log-probs (either column, and the finite top-k entries) below LOG_MIN_FP32: no fp32 or bf16 softmax
+    gives a drawn token such a probability, so the value is a fill (−1e4 for a masked slot, a −inf clipped)
+    or another tensor's."""
+    values = [d.engine_R, d.train_R]
+    if d.top_engine_R_K is not None:
+        values += [d.top_engine_R_K[torch.isfinite(d.top_engine_R_K)]]
+        values += [d.top_train_R_K[torch.isfinite(d.top_train_R_K)]]
+    return sum(int((v < LOG_MIN_FP32).sum()) for v in values)
+
+
+def misread_lines(tokens: int, identical: bool, zeros: int, low: int) -> list[str]:
+    """The lines of dump_flags' identical, zeros and range flags, each naming the field and the likely
+    cause."""
+    lines = []
+    if identical:
+        lines.append(
+            f"identical: engine and trainer log-probs are equal at all {tokens} kept tokens, which reads KL "
+            "0 whatever the engine did: the trainer's column is likely a copy of the engine's (verl in "
+            "bypass mode copies rollout_log_probs into old_log_probs: set "
+            "algorithm.rollout_correction.bypass_mode=false); a bitwise on-policy setup reads the same, "
+            "and a dump cannot tell them apart"
+        )
+    if zeros > ZERO_FRACTION * tokens:
+        lines.append(
+            f"zeros: the engine log-prob is exactly 0.0 at {zeros} of {tokens} kept tokens, in runs, where "
+            "the trainer gives each under 1/2: 0.0 written where the engine computed nothing, most likely "
+            "tool-result tokens kept because the tool mask was dropped (TRL writes 0.0 there: save and "
+            "apply tool_mask)"
+        )
+    if low:
+        lines.append(
+            f"range: {low} log-probs lie below log(2^-149) = {LOG_MIN_FP32:.2f}, the smallest that an fp32 "
+            f"softmax gives a drawn token (bf16: {LOG_MIN_BF16:.2f}): a fill value for masked slots, a "
+            "clipped -inf, or another tensor's values in a log-prob field"
+        )
+    return lines
+
+
 def dump_flags(d: Dump) -> dict:
-    """What makes a dump unreadable, with the statistics behind each flag (a line per raised flag):
+    """What makes a dump unreadable, with the statistics behind each flag (a line per raised flag, opening
+    with the flag's name; "flags" lists the names):
     padding   padding_tokens > 0;
     columns   correct columns give E_e[ρ] = Σ_v π_t(v) = 1 and E_e[k1] = KL >= 0; swapped columns give
               E[ρ] = 1 + χ²(π_e ‖ π_t) > 1 and k1 = −KL, and so does an engine column that is not the
               distribution the tokens were drawn from (a sampling temperature or top-p applied on one side
               only, e.g. vLLM's raw log-probs beside a trainer at the sampling temperature). Flagged when
-              the k1 mean lies FLAG_Z standard errors below 0, or the ρ mean FLAG_Z above 1."""
+              the k1 mean lies FLAG_Z standard errors below 0, or the ρ mean FLAG_Z above 1;
+    identical engine and trainer log-probs equal at every kept token: reads KL 0 with a zero-width
+              interval whatever the engine did. verl in bypass mode copies rollout_log_probs into
+              old_log_probs; a bitwise on-policy setup gives the same columns, and a dump cannot tell
+              the two apart;
+    zeros     engine_zero_tokens > ZERO_FRACTION of the kept tokens (a dropped tool mask);
+    range     below_dtype_tokens > 0 (a log-prob below log(2^-149) = −103.28)."""
     r_R = d.engine_R - d.train_R
     k1, k1_se = seq_mean_se(r_R, d.seq_id_R)
     rho, rho_se = seq_mean_se(torch.exp(-r_R), d.seq_id_R)
     k1_z = k1 / k1_se if k1_se > 0 else 0.0
     rho_z = (rho - 1) / rho_se if rho_se > 0 else 0.0
     pad = padding_tokens(d)
-    warnings = []
+    identical = bool(len(r_R)) and bool((d.engine_R == d.train_R).all())
+    zeros, low = engine_zero_tokens(d), below_dtype_tokens(d)
+    warnings = misread_lines(len(r_R), identical=identical, zeros=zeros, low=low)
     if pad:
         warnings.append(
             f"padding: {pad} of {len(r_R)} tokens sit in trailing runs with both log-probs exactly 0 in "
@@ -107,7 +189,52 @@ def dump_flags(d: Dump) -> dict:
             "correct columns give k1 >= 0 and ratio 1: engine and trainer columns swapped, or a temperature "
             "or top-p applied on one side only (both log-probs must be of the policies at temperature 1)"
         )
-    return {"padding_tokens": pad, "k1_z": k1_z, "ratio_z": rho_z, "warnings": warnings}
+    flags = [w.split(":", 1)[0] for w in warnings]
+    return {
+        "padding_tokens": pad,
+        "k1_z": k1_z,
+        "ratio_z": rho_z,
+        "identical_columns": identical,
+        "engine_zero_tokens": zeros,
+        "below_dtype_tokens": low,
+        "flags": flags,
+        "warnings": warnings,
+    }
+
+
+MISS_PROBABILITY = 0.05  # the chance blind_kl allows that every sampled token missed the hidden mass
+
+
+def blind_kl(tokens: int, tail_mass: float | None = None) -> dict:
+    """The KL(π_e ‖ π_t) per token that `tokens` sampled tokens cannot rule out, at 95%.
+
+    An engine can put mass ε_t at position t on tokens no sample drew. All N draws (each from its own
+    position's π_e) miss such mass with probability Π_t (1 − ε_t) <= (1 − ε̄)^N (AM-GM), so a mean mass
+        ε = 1 − MISS_PROBABILITY^(1/N)   (≈ 3/N)
+    or more is sampled at least once with probability >= 95%, and a mass below it can hide. Each unit of it
+    carries at most L = MAX_LOG_RATIO = 103.28 nats (log π_e − log π_t of two probabilities fp32 can hold),
+        hidden <= ε · L   nats/token.
+    The rare-token engine of this bound: π_e(r) = ε on a token the trainer gives ε·e^−95 holds 94ε nats.
+    With top-k rows the mass outside the logged set is known, m_e,t = 1 − Σ_{v∈S} π_e(v), and only it can
+    hide: hidden <= L · min(ε, mean_t m_e,t) (`tail_mass` = that mean). Returns the bound and its parts."""
+    eps = 1 - MISS_PROBABILITY ** (1 / tokens) if tokens else 1.0
+    mass = eps if tail_mass is None else min(eps, tail_mass)
+    return {
+        "blind_kl": mass * MAX_LOG_RATIO,
+        "blind_mass": mass,
+        "blind_eps": eps,
+        "blind_from": "top-k tail mass" if mass < eps else "sampled tokens",
+    }
+
+
+def tokens_to_see(kl: float) -> int | None:
+    """The sampled tokens N whose blind_kl (no top-k) is below `kl`: (1 − ε)^N = 5% at ε = kl / L;
+    None when no number of tokens gets there (kl <= 0)."""
+    if kl <= 0:
+        return None
+    if kl >= MAX_LOG_RATIO:
+        return 1
+    return math.ceil(math.log(MISS_PROBABILITY) / math.log1p(-kl / MAX_LOG_RATIO))
 
 
 COVERAGE_RULE = (
@@ -118,7 +245,8 @@ COVERAGE_RULE = (
 
 def dump_estimate(d: Dump, seed: int = 0) -> dict:
     """The one scale from another system's dump: k3 per token (E[k3] under engine samples = the exact KL), or
-    the top-k estimate when both sides logged top-k log-probs; the metrics beside; the readability flags.
+    the top-k estimate when both sides logged top-k log-probs; the metrics beside; the readability flags;
+    blind_kl, the KL its tokens cannot rule out.
 
     The interval (COVERAGE_RULE): [max(0, min(lo, lo_k1)), max(hi, hi_k1)] of the estimator's and
     k1_token_kl's sequence-bootstrap intervals (KL >= 0). The estimator's percentile interval alone misses
@@ -132,6 +260,9 @@ def dump_estimate(d: Dump, seed: int = 0) -> dict:
             "estimator": f"top-{d.top_engine_R_K.shape[1]} + k3 tail",
             "kl_lower_bound": lower_R.mean().item(),
         }
+    tail = None
+    if d.top_engine_R_K is not None:  # the engine's mass outside its logged top-k, per position
+        tail = (1 - d.top_engine_R_K.exp().sum(-1)).clamp(min=0.0).mean().item()
     lo, hi = bootstrap_ci(est_R, d.seq_id_R, seed=seed)
     lo1, hi1 = bootstrap_ci(k1_token_kl(d), d.seq_id_R, seed=seed)
     return {
@@ -144,6 +275,7 @@ def dump_estimate(d: Dump, seed: int = 0) -> dict:
         "tokens": len(est_R),
         "sequences": d.sequences,
         **extra,
+        **blind_kl(len(est_R), tail_mass=tail),
         **sampled_token_metrics(d.engine_R, d.train_R, d.seq_id_R),
         **dump_flags(d),
     }

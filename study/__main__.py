@@ -12,9 +12,14 @@ python -m study drift --budget budgets/tiny/budget.json   # training (dump) vs p
 python -m study report
 """
 
+import cli
+
+# first, before the heavy imports below: a SIGINT/SIGTERM during them is one line too
+cli.exit_on_signals(__name__, note=cli.RERUN)
+
 from pathlib import Path
 
-from cli import EXPECTED, Parser, fail, positive_float, positive_int, seed_int
+from cli import EXPECTED, Parser, fail, path_text, positive_float, positive_int, seed_int
 from mismatch import DEFAULT_PROBES, PROBES
 from models import DEVICES, PAIRS, resolve_device
 from quant import FP8_WEIGHTS
@@ -57,19 +62,20 @@ def add_measurement_parsers(sub) -> None:
     sens.add_argument(
         "--target", type=positive_float, help="recipe target mismatch (default: half the all-FP8 one)"
     )
-    sens.add_argument("--out", default="results", help="folder for the plot and JSON (default: %(default)s)")
+    sens.add_argument(
+        "--out", type=path_text, default="results", help="folder for the plot and JSON (default: %(default)s)"
+    )
     for sp in (src, sens):
         sp.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="python -m study", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
+def add_validate_parser(sub) -> None:
+    """validate: the check's verdicts against real training runs."""
     v = sub.add_parser(
         "validate", help="admission check verdicts vs real training runs on held-out configurations"
     )
     v.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
-    v.add_argument("--budget", help="budget.json (default: budgets/<pair>/budget.json)")
+    v.add_argument("--budget", type=path_text, help="budget.json (default: budgets/<pair>/budget.json)")
     v.add_argument(
         "--seeds",
         type=positive_int,
@@ -85,9 +91,16 @@ def build_parser() -> Parser:
     )
     v.add_argument(
         "--reuse",
+        type=path_text,
         help="a results/validation_*.json of the same budget: its training runs are taken as recorded and "
         "only the checks run again",
     )
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="python -m study", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_validate_parser(sub)
     for name, helptext, seeds in (
         ("rl", "OPD vs GRPO (tiny); seeds beyond the first only for study.opd_vs_rl.RL_SPREAD", 3),
         ("prefix", "per-token vs prefix shift, with and without TIS (tiny)", 3),
@@ -117,7 +130,9 @@ def build_parser() -> Parser:
         "--size", type=positive_int, default=SIZE, help="sequences a draw (default: %(default)s)"
     )
     d = sub.add_parser("drift", help="training mismatch (what a dump reads) vs the probe measurement")
-    d.add_argument("--budget", required=True, help="budget.json whose calibration runs to read")
+    d.add_argument(
+        "--budget", type=path_text, required=True, help="budget.json whose calibration runs to read"
+    )
     sub.add_parser("report", help="results/SUMMARY.md from the results")
     for sp in sub.choices.values():
         sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")

@@ -60,7 +60,7 @@ def ratio(values: list[float], probes: list[float]) -> float | None:
 def drift(budget_path: Path) -> dict:
     """Per configuration (baseline excluded: no mismatch to compare), the probe mismatch and each window's
     training mismatch and ratio, averaged over the calibration's seeds; written to results/."""
-    budget = read_budget(budget_path, None)
+    budget = read_budget(budget_path, None, needs=("pair", "points", "steps", "seeds"))
     runs = budget_path.parent / "runs"
     rows: dict[str, dict] = {}
     for p in budget["points"]:

@@ -22,19 +22,37 @@ from lab.runfiles import atomic_savefig
 from study.common import RESULTS
 
 BUDGETS = Path("budgets")
+# what the table, the figure and the report read of a budget beyond what every budget holds
+# (budget.read_budget refuses one without them in one line naming the file, before anything is drawn)
+STUDY_NEEDS = (
+    "points.quality_loss",
+    "fit",
+    "baseline",
+    "steps",
+    "seeds",
+    "train_settings",
+    "tolerance.fraction",
+    "device",
+)
 
 
 def pair_budgets(pair: str, root: Path = BUDGETS) -> list[tuple[Path, dict]]:
     """Every budget of a pair: root/<pair>/budget.json (the analytic one) and root/<pair>/<loss>/budget.json,
-    read and checked (budget.read_budget)."""
+    read and checked (budget.read_budget), with the fields the study reads (STUDY_NEEDS)."""
     paths = [root / pair / "budget.json", *sorted((root / pair).glob("*/budget.json"))]
-    return [(p, read_budget(p, pair)) for p in paths if p.is_file()]
+    return [(p, read_budget(p, pair, needs=STUDY_NEEDS, flag="")) for p in paths if p.is_file()]
 
 
 def reference_budgets(pair: str, root: Path = RESULTS) -> list[tuple[Path, dict]]:
     """Analytic calibrations kept beside the budgets (root/calibration_<pair>_*.json): the analytic loss at
     the settings of a budget whose loss was calibrated at other settings than today's analytic budget."""
-    return [(p, read_budget(p, pair)) for p in sorted(root.glob(f"calibration_{pair}_*.json"))]
+    paths = sorted(root.glob(f"calibration_{pair}_*.json"))
+    return [(p, read_budget(p, pair, needs=STUDY_NEEDS, flag="")) for p in paths]
+
+
+def label_of(b: dict) -> str:
+    """A budget's loss in one word (budget.loss_label), centred advantages included."""
+    return loss_label(b["loss"], b["tis_cap"], center=b.get("center_advantages", False))
 
 
 def settings_of(b: dict) -> dict:
@@ -102,7 +120,7 @@ def losses_table(budgets: list[tuple[Path, dict]], references: list[tuple[Path, 
         base, tol, analytic = b["baseline"], b["tolerance"], analytic_like(b, analytics)
         same = "—" if analytic is None else budget_text({**analytic, **refit(analytic, tol["fraction"])})
         rows.append(
-            f"| {loss_label(b['loss'], b['tis_cap'])} | {budget_text(b)} | {interval_text(b)} | "
+            f"| {label_of(b)} | {budget_text(b)} | {interval_text(b)} | "
             f"{tol['fraction']:.0%}: {tol['nats']:.4f} nats | {same} | "
             f"{base['eval_rkl_start']:.3f} → {base['eval_rkl_final']:.3f} | "
             f"{len(b['points'])} × {b['steps']} steps | {b['seconds_per_run']:.0f} | `{path}` |"
@@ -119,7 +137,7 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
     smallest = min((x for _, b in budgets for x in b["fit"]["mismatch"] if x > 1e-9), default=1e-6)
     floor = smallest / 3
     for i, (_, b) in enumerate(budgets):
-        color, label = f"C{i}", loss_label(b["loss"], b["tis_cap"])
+        color, label = f"C{i}", label_of(b)
         improvement = b["baseline"]["improvement"]
         xs = [x if x > 1e-9 else floor for x in b["fit"]["mismatch"]]
         ys = [q / improvement for q in b["fit"]["quality_loss"]]
@@ -137,7 +155,7 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
             ax.axvline(b["budget"], color=color, ls="--", lw=1)
     by_fraction: dict[float, list[str]] = {}
     for _, b in budgets:
-        by_fraction.setdefault(b["tolerance"]["fraction"], []).append(loss_label(b["loss"], b["tis_cap"]))
+        by_fraction.setdefault(b["tolerance"]["fraction"], []).append(label_of(b))
     styles = (":", "-.", (0, (1, 4)), (0, (6, 2)))
     for (f, labels), ls in zip(sorted(by_fraction.items()), styles):
         label = f"tolerance {f:.0%} of the improvement: {', '.join(labels)}"

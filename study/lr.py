@@ -17,6 +17,7 @@ resumes after a stop and a partial result already covers every cell once.
     python -m study lr --pair smollm2     # 5 losses x 3 rates x 2 seeds
 """
 
+import json
 import math
 from pathlib import Path
 
@@ -76,19 +77,60 @@ def choose(points: list[dict], grid: tuple, seeds: int) -> tuple[list[dict], dic
     return cells, chosen
 
 
+def recorded_points(pair: str) -> dict:
+    """The points of an earlier sweep's results/lr_<pair>.json, by (loss, rate, seed), when it was made at
+    today's settings and losses (its runs need not be on disk: a sweep resumes from its committed record);
+    {} otherwise."""
+    path = RESULTS / f"lr_{pair}.json"
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if (
+        not isinstance(old, dict)
+        or old.get("settings") != sweep_settings(pair)
+        or old.get("losses") != losses()
+    ):
+        return {}
+    return {(p["loss"], p["lr"], p["seed"]): p for p in old.get("points", []) if isinstance(p, dict)}
+
+
 def lr_sweep(pair: str, seeds: int, device: str) -> dict:
-    """Run (or reuse) every loss x rate x seed, seed-major; write results/lr_<pair>.json after each seed."""
+    """Run (or reuse) every loss x rate x seed, seed-major, taking the points results/lr_<pair>.json already
+    records; rewrite that file after every run, so a stop loses at most the run in progress."""
     out = Path("runs") / "study" / f"lr_{pair}"
-    grid, points = LR_GRID[pair], []
+    grid, points, recorded = LR_GRID[pair], [], recorded_points(pair)
     jobs = [(s, lr, label) for s in range(seeds) for lr in grid for label in STUDY_LOSSES]
     for i, (seed, lr, label) in enumerate(jobs):
+        if (label, lr, seed) in recorded:
+            points.append(recorded[(label, lr, seed)])
+            continue
         print(f"[{i + 1}/{len(jobs)}] {label} lr {lr:g} seed {seed}", flush=True)
-        points.append(lr_run(out, pair, label, lr=lr, seed=seed, device=device))
-        if i + 1 == len(jobs) or jobs[i + 1][0] != seed:
-            result = lr_result(pair, points, seeds=seeds, device=device)
-            write(f"lr_{pair}", result)
+        points.append(
+            {**lr_run(out, pair, label, lr=lr, seed=seed, device=device), "device": device_label(device)}
+        )
+        write(f"lr_{pair}", lr_result(pair, points, seeds=seeds, device=device))
+    result = lr_result(pair, points, seeds=seeds, device=device)
+    write(f"lr_{pair}", result)
     plot_lr(result, RESULTS / f"lr_{pair}.png")
     return result
+
+
+def sweep_settings(pair: str) -> dict:
+    """The training settings every run of the sweep shares (all but the loss and the rate)."""
+    return {
+        k: v
+        for k, v in train_settings(pair).items()
+        if k not in ("lr", "loss", "tis_cap", "center_advantages")
+    }
+
+
+def losses() -> dict:
+    """STUDY_LOSSES as JSON records them (an uncapped TIS weight as "inf")."""
+    return {
+        label: {k: json_cap(v) if k == "tis_cap" else v for k, v in loss.items()}
+        for label, loss in STUDY_LOSSES.items()
+    }
 
 
 def lr_result(pair: str, points: list[dict], seeds: int, device: str) -> dict:
@@ -98,17 +140,14 @@ def lr_result(pair: str, points: list[dict], seeds: int, device: str) -> dict:
         "experiment": "lr",
         "pair": pair,
         "command": f"python -m study lr --pair {pair} --seeds {seeds}",
-        "device": device_label(device),
+        "device": " and ".join(sorted({p.get("device", device_label(device)) for p in points})),
         "rule": "per loss, the rate with the lowest mean final held-out reverse KL among rates where no seed "
         "diverged (final eval reverse KL above step 0, or a non-finite loss)",
         "complete": complete,
         "grid": list(LR_GRID[pair]),
         "seeds": seeds,
-        "settings": {k: v for k, v in train_settings(pair).items() if k not in ("lr", "loss", "tis_cap")},
-        "losses": {
-            label: {k: json_cap(v) if k == "tis_cap" else v for k, v in loss.items()}
-            for label, loss in STUDY_LOSSES.items()
-        },
+        "settings": sweep_settings(pair),
+        "losses": losses(),
         "chosen": chosen if complete else {},
         "cells": cells,
         "points": points,

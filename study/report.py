@@ -6,9 +6,8 @@ python -m study report
 import json
 from pathlib import Path
 
-from budget import loss_label
 from lab.calibrate import paired_loss_gate
-from cli import atomic_write_text
+from cli import BadInput, atomic_write_text
 from models import PAIRS
 from study.common import RESULTS
 from study.coverage import coverage_table
@@ -17,6 +16,7 @@ from study.losses import (
     budget_interval,
     budget_text,
     interval_text,
+    label_of,
     losses_table,
     pair_budgets,
     plot_losses,
@@ -89,7 +89,7 @@ def budget_section(path: Path, b: dict) -> str:
     lower = b["how"] == "all-within"  # no run lost more than the tolerance: the budget is a lower bound
     how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
     return (
-        f"### {loss_label(b['loss'], b['tis_cap'])}\n\n"
+        f"### {label_of(b)}\n\n"
         f"`{b.get('command') or 'python -m lab.calibrate --pair ' + b['pair']}`: "
         f"budget **{budget_text(b)} nats/token** ({how}); "
         f"tolerance {b['tolerance']['nats']:.4f} nats "
@@ -102,12 +102,12 @@ def budget_section(path: Path, b: dict) -> str:
     )
 
 
-def budget_sections(pair: str) -> list[str]:
-    """A pair's budgets, one per loss: the side-by-side table, the overlay figure, then each budget."""
-    budgets = pair_budgets(pair)
+def budget_sections(pair: str, budgets: list, references: list) -> list[str]:
+    """A pair's budgets, one per loss (study.losses.pair_budgets, and the analytic references): the
+    side-by-side table, the overlay figure, then each budget."""
     if not budgets:
         return []
-    figure, references = RESULTS / f"budgets_{pair}.png", reference_budgets(pair)
+    figure = RESULTS / f"budgets_{pair}.png"
     plot_losses(pair, budgets + references, figure)  # a reference drawn too: the fit its rows compare with
     table = losses_table(budgets, references)
     return [
@@ -128,25 +128,74 @@ def validated_losses(pair: str) -> list[str]:
     return ["analytic", *sorted(stem.removeprefix(f"validation_{pair}_") for stem in stems)]
 
 
+def read_result(path: Path, command: str) -> dict:
+    """A results/*.json the report reads, parsed; one line naming the file, and the command that writes it,
+    when it does not parse (a run cut short, a hand edit) or holds no object."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # also UnicodeDecodeError, a 5000-digit integer
+        why = getattr(e, "msg", type(e).__name__)
+        raise BadInput(f"{path}: not a readable result ({why}); `{command}` writes it again") from None
+    if not isinstance(result, dict):
+        raise BadInput(f"{path}: holds a {type(result).__name__}, not a result; `{command}` writes it again")
+    return result
+
+
+def rendered(path: Path, command: str, render) -> str:
+    """render(the result at `path`); one line naming the file when its fields are not those `command`
+    writes (the file is outside the report's control, so any field may be missing or of another type)."""
+    result = read_result(path, command)
+    try:
+        return render(result)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as e:
+        raise BadInput(f"{path}: not what `{command}` writes ({type(e).__name__}: {e})") from None
+
+
+def sensitivity_section(path: Path, s: dict) -> str:
+    """A results/sensitivity_*.json as its section."""
+    top = ", ".join(f"{b} ({s['per_block'][b]:.2g})" for b in s["ranking"][:5])
+    return (
+        f"## Sensitivity: {path.stem}\n\n"
+        "Made by `python -m study sensitivity` (RESULTS.md gives each pair's flags). "
+        f"Most sensitive blocks (mismatch with that block alone in FP8): {top}; "
+        f"all blocks FP8: {s['all_fp8']:.3g}; keeping blocks "
+        f"{s['kept_high_precision']} in high precision: {s['recipe_mismatch']:.3g}. File: `{path}`.\n"
+    )
+
+
+def drift_section(d: dict) -> str:
+    """A results/drift_*.json as its section."""
+    return (
+        f"## Dumps from training vs probes: {d['pair']}, {d['loss']}\n\n"
+        f"`python -m study drift --budget {d['budget']}`.\n\n{drift_table(d)}\n"
+    )
+
+
 def report() -> Path:
-    """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so."""
+    """results/SUMMARY.md from what the commands above wrote; sections whose results are missing say so.
+    Every budget and result is read and checked before anything is drawn or written: a bad one is one
+    line naming its file, and nothing changes."""
+    budgets = {pair: (pair_budgets(pair), reference_budgets(pair)) for pair in PAIRS}
+    results = result_sections()
     RESULTS.mkdir(exist_ok=True)
     parts = [
         "# Results\n",
         "Regenerate: `python -m study report` (each section names the command that made its numbers).\n",
     ]
     for pair in PAIRS:
-        parts += budget_sections(pair)
-    for path in sorted(RESULTS.glob("sensitivity_*.json")):
-        s = json.loads(path.read_text())
-        top = ", ".join(f"{b} ({s['per_block'][b]:.2g})" for b in s["ranking"][:5])
-        parts.append(
-            f"## Sensitivity: {path.stem}\n\n"
-            "Made by `python -m study sensitivity` (RESULTS.md gives each pair's flags). "
-            f"Most sensitive blocks (mismatch with that block alone in FP8): {top}; "
-            f"all blocks FP8: {s['all_fp8']:.3g}; keeping blocks "
-            f"{s['kept_high_precision']} in high precision: {s['recipe_mismatch']:.3g}. File: `{path}`.\n"
-        )
+        parts += budget_sections(pair, *budgets[pair])
+    out = RESULTS / "SUMMARY.md"
+    atomic_write_text(out, "\n".join(parts + results))
+    return out
+
+
+def result_sections() -> list[str]:
+    """The sections made from results/*.json, in the report's order: sensitivity, drift, then the
+    validations, coverage, OPD vs RL, prefix and async (rendered, so a bad file is refused here)."""
+    parts = [
+        rendered(path, "python -m study sensitivity", lambda s, p=path: sensitivity_section(p, s))
+        for path in sorted(RESULTS.glob("sensitivity_*.json"))
+    ]
     sections = [
         *[
             (
@@ -164,17 +213,13 @@ def report() -> Path:
         ("prefix_tiny", "Per-token vs prefix shift", "python -m study prefix", prefix_table),
         ("async_smollm2", "FP8 + async time-to-quality", "python -m study async", async_table),
     ]
-    for path in sorted(RESULTS.glob("drift_*.json")):
-        d = json.loads(path.read_text())
-        parts.append(
-            f"## Dumps from training vs probes: {d['pair']}, {d['loss']}\n\n"
-            f"`python -m study drift --budget {d['budget']}`.\n\n{drift_table(d)}\n"
-        )
+    parts += [
+        rendered(path, "python -m study drift", drift_section)
+        for path in sorted(RESULTS.glob("drift_*.json"))
+    ]
     for name, title, command, table in sections:
         path = RESULTS / f"{name}.json"
-        body = table(json.loads(path.read_text())) if path.exists() else f"(not run yet: `{command}`)"
+        body = rendered(path, command, table) if path.exists() else f"(not run yet: `{command}`)"
         plot = f" Plot: `results/{name}.png`." if (RESULTS / f"{name}.png").exists() else ""
         parts.append(f"## {title}\n\n`{command}`.{plot}\n\n{body}\n")
-    out = RESULTS / "SUMMARY.md"
-    atomic_write_text(out, "\n".join(parts))
-    return out
+    return parts

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from cli import atomic_write_text, check_output_dir
 from mismatch import measure_config
-from models import device_label, format_prompt, load_pair
+from models import device_label, format_prompt, held_out, load_pair
 from quant import kv_bytes_per_token
 from rollout import RolloutConfig
 from lab.runfiles import atomic_savefig
@@ -41,7 +41,7 @@ def sensitivity(
     progress: bool = True,
 ) -> dict:
     """Mismatch with one decoder block in FP8 at a time, and a greedy recipe meeting `target`."""
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.eval_prompts[:n_probes]]
+    probes = [format_prompt(pair.tokenizer, p.text) for p in held_out(pair, n_probes, "--probes")]
     n = pair.student.config.num_hidden_layers
 
     def mismatch(quantized: set[int]) -> float:

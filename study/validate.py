@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from admit import check
-from budget import loss_label, read_budget
+from budget import check_schema, loss_label, read_budget
 from lab.calibrate import study_config, train_settings, trained_on
 from cli import BadInput
 from models import device_label, load_pair
@@ -79,7 +79,7 @@ def noise_for(budget: dict, target: float) -> float:
     grid; rounded to two significant figures and moved off the grid (×1.1) so it is a configuration the
     calibration never ran."""
     by_sigma: dict[float, list[float]] = {}
-    for p in budget["points"]:  # a noise configuration's points carry its σ (calibrate.calibration_points)
+    for p in budget.get("points", []):  # a noise configuration's points carry its σ (calibration_points)
         if p.get("noise") and p["mismatch"] > 0:
             by_sigma.setdefault(p["noise"], []).append(p["mismatch"])
     grid = sorted((s, sum(m) / len(m)) for s, m in by_sigma.items())
@@ -138,6 +138,25 @@ def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -
     return rows
 
 
+# what validate --reuse reads of a recorded validation (budget.check_schema's notation): each training point's
+# candidate, seed and what the agreement rows average; where its runs trained
+REUSED_RECORD = {
+    "points": (
+        "list",
+        {
+            "label": "text",
+            "seed": "integer >= 0",
+            "mismatch": "number",
+            "eval_rkl": "number",
+            "?seconds": "number >= 0",
+            "?reused": "bool",
+        },
+    ),
+    "?device": "text",
+    "?reused": {"?from": "text", "?points": "integer >= 0", "?trained_on": "text"},
+}
+
+
 def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> tuple[dict, str]:
     """The training points of a recorded validation of this same budget (pair, loss, budget and steps),
     by (candidate, seed), for `validate --reuse`: the checks run again, the training runs are taken as
@@ -146,10 +165,11 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
     if not path.is_file():
         raise BadInput(f"--reuse {path}: no such file")
     try:
-        record = json.loads(path.read_text())
-        points = record["points"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # also UnicodeDecodeError, a 5000-digit integer
         raise BadInput(f"--reuse {path}: not a validation record ({type(e).__name__}: {e})") from None
+    if not isinstance(record, dict) or "points" not in record:
+        raise BadInput(f"--reuse {path}: not a validation record (expected an object with points)")
     wanted = {"pair": pair_name, "loss": label, "budget": budget["budget"], "steps": budget["steps"]}
     record.setdefault("loss", "analytic")  # a record from before validations named their loss
     for key, value in wanted.items():
@@ -158,8 +178,10 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
                 f"--reuse {path}: {key} is {record.get(key)!r}, the budget's validation has {value!r}; "
                 "only a validation of the same budget can be reused"
             )
+    check_schema(record, REUSED_RECORD, where=f"--reuse {path}", at="")
     by_run = {
-        (p["label"], p["seed"]): {k: v for k, v in p.items() if not k.startswith("delta_")} for p in points
+        (p["label"], p["seed"]): {k: v for k, v in p.items() if not k.startswith("delta_")}
+        for p in record["points"]
     }
     return by_run, trained_on(record)
 

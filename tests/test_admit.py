@@ -504,3 +504,22 @@ def test_a_budget_holds_for_its_loss_only(tmp_path):
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "--loss analytic" in lines[0] and "calibrated for loss sampler-is" in lines[0]
+
+
+def test_power_rule_marks_budgets_whose_noise_reaches_a_third_of_the_tolerance():
+    """budget.budget_power: powered iff SE <= tolerance / 3, from the budget's own noise figures; a budget
+    with no measured SE is under-powered; every committed budget gets a verdict from its own file."""
+    from budget import POWER_RULE, budget_power
+
+    def budget(se, tol=0.3):
+        return {"noise": {"paired_loss_se": se}, "tolerance": {"nats": tol}}
+
+    assert budget_power(budget(0.099))["under_powered"] is False
+    assert budget_power(budget(0.101))["under_powered"] is True
+    assert budget_power(budget(None))["under_powered"] is True
+    assert abs(budget_power(budget(0.06))["se_over_tolerance"] - 0.2) < 1e-12
+    for path in sorted(ROOT.glob("budgets/**/budget.json")):
+        b = json.loads(path.read_text())
+        power = budget_power(b)
+        se, tol = b["noise"]["paired_loss_se"], b["tolerance"]["nats"]
+        assert power["under_powered"] == (se is None or se * POWER_RULE > tol), path

@@ -4,8 +4,12 @@ created or changed. Run in-process (each main(argv)), so ~150 cases cost seconds
 The cases are grouped by cause (a write target, an unbounded number, a prompt, a resumed folder's contents,
 a budget, a dump, a pair, a cache); below them, the behaviours no single refusal shows: two processes racing
 for one new run name, the lock's write window, SIGINT/SIGTERM mid-run with an exact resume, and a full disk
-at each write."""
+at each write. BY_CAUSE holds the entry points' own causes (targets checked before work, bounds, names that
+are not text); at the end, their behaviours: an audit's targets and its atomic figure, build_tiny's swap, a
+run's id, and one signal rule for every entry point (each started as a user starts it, signalled once it has
+its handlers: one line, exit 130 / 143, nothing written)."""
 
+import argparse
 import importlib
 import json
 import math
@@ -33,6 +37,24 @@ GOOD_BUDGET = {
     "tolerance": {"nats": 0.01},
     "seconds_per_run": 10.0,
 }
+CI = {
+    "level": 0.95,
+    "lo": 0.5,
+    "hi": 2.0,
+    "draws": 2000,
+    "beyond_largest_mismatch": 0.0,
+}  # calibrate.budget_ci
+NOISE = {"eval_sd_by_prompts": {}, "eval_seeds": 4, **dict.fromkeys(("paired_loss_sd", "paired_loss_se"))}
+NOISE["tolerance_over_se"] = None  # calibrate.quality_noise's fields, as one seed leaves them
+VALIDATION_OF_STEPS_BUDGET = {
+    "pair": "tiny",
+    "loss": "analytic",
+    "budget": 1.0,
+    "steps": 2,
+}  # steps_budget.json
+
+
+CHECK_DUMP = ["check", "--budget", "good_budget.json", "--dump"]
 
 
 def write_fixtures(root: Path) -> None:
@@ -67,6 +89,8 @@ def write_fixtures(root: Path) -> None:
     (root / "runs" / "exists").mkdir(parents=True)
     (root / "runs" / "exists" / "metrics.jsonl").write_text("precious\n")
     write_hostile_fixtures(root)
+    write_typed_fixtures(root)
+    write_entry_fixtures(root)
 
 
 def write_hostile_fixtures(root: Path) -> None:
@@ -136,6 +160,96 @@ def write_bad_pairs(root: Path) -> None:
     (root / "pairprompts.jsonl").write_text(prompts)
 
 
+def write_typed_fixtures(root: Path) -> None:
+    """Other systems' exports with one field of the wrong type (each written in its system's layout by
+    native_fixtures.py), budgets whose fields disagree or are mistyped, and recorded points that are not."""
+    from native_fixtures import (
+        make_truth,
+        write_prime_rl,
+        write_slime_main,
+        write_trl,
+        write_verl,
+        write_vllm,
+    )
+
+    def edit_pt(path: Path, **fields) -> None:
+        data = torch.load(path, weights_only=True)
+        torch.save({**data, **{k: f(data) for k, f in fields.items()}}, path)
+
+    def edit_jsonl(path: Path, edit) -> None:
+        record = json.loads(path.read_text().splitlines()[0])
+        edit(record)
+        path.write_text(json.dumps(record) + "\n")
+
+    truth = make_truth(steps=(0,))
+    write_verl(root / "verl_good", truth)
+    edit_pt(write_verl(root / "verl_nan", truth) / "step_0.pt", responses=lambda d: d["responses"] * math.nan)
+    edit_pt(
+        write_verl(root / "verl_i64", truth) / "step_0.pt", old_log_probs=lambda d: d["old_log_probs"].long()
+    )
+    edit_pt(write_trl(root / "trl_main", truth) / "step_0_rank_0.pt", process_index=lambda d: "main")
+    edit_pt(write_slime_main(root / "slime_str", truth) / "0.pt", samples=lambda d: "samples")
+    edit_pt(write_slime_main(root / "slime_ints", truth) / "0.pt", samples=lambda d: [1, 2, 3])
+    prime = write_prime_rl(root / "prime_str", truth) / "step_0" / "rank_0.jsonl"
+    edit_jsonl(prime, lambda r: r.update(token_ids=[str(t) for t in r["token_ids"]]))
+    prime = write_prime_rl(root / "prime_big", truth) / "step_0" / "rank_0.jsonl"
+    edit_jsonl(prime, lambda r: r["trainer_logprobs"].__setitem__(-1, -(10**400)))
+    edit_jsonl(
+        write_vllm(root / "vllm_outputs", truth) / "step_0.jsonl", lambda r: r["engine"].update(outputs=5)
+    )
+    row = {"7": -0.5}  # a bare float where vLLM writes a Logprob {logprob, rank, decoded_token}
+    edit_jsonl(
+        write_vllm(root / "vllm_float", truth) / "step_0.jsonl",
+        lambda r: r["engine"]["outputs"][0]["logprobs"].__setitem__(0, row),
+    )
+    budgets = {
+        "analytic_tis2.json": {**GOOD_BUDGET, "tis_cap": 2},
+        "ci_backwards.json": {**GOOD_BUDGET, "budget": 3.0, "budget_ci": {**CI, "lo": 5.0, "hi": 1.0}},
+        "ci_below.json": {**GOOD_BUDGET, "budget": 0.5, "budget_ci": {**CI, "lo": 1.0, "hi": 2.0}},
+        "str_center.json": {**GOOD_BUDGET, "loss": "sampled", "center_advantages": "yes"},
+        "center_analytic.json": {**GOOD_BUDGET, "train_settings": {"center_advantages": True}},
+        "garbage_points.json": {**GOOD_BUDGET, "points": [{"garbage": 1}]},
+        "str_fit.json": {**GOOD_BUDGET, "fit": {"mismatch": "x", "quality_loss": []}},
+        "ragged_fit.json": {**GOOD_BUDGET, "fit": {"mismatch": [0.0, 1.0], "quality_loss": [0.0]}},
+        "other_loss_settings.json": {**GOOD_BUDGET, "train_settings": {"loss": "sampled"}},
+        "bool_lr.json": {**GOOD_BUDGET, "train_settings": {"lr": True}},
+        "str_noise.json": {**GOOD_BUDGET, "noise": {**NOISE, "eval_sd_by_prompts": {"16": {"sd": "low"}}}},
+        "garbage_validation.json": {**VALIDATION_OF_STEPS_BUDGET, "points": [{"garbage": 1}]},
+    }
+    for name, content in budgets.items():
+        (root / name).write_text(json.dumps(content))
+
+
+def write_good_dump(path: Path) -> None:
+    """8 sequences of 5 tokens in the project's dump format (port/dumps.py), tiny's token ids."""
+    rng = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(8):
+        engine = -torch.rand(5, generator=rng) * 2 - 0.01
+        trainer = (engine + (torch.rand(5, generator=rng) - 0.5) * 0.1).clamp(max=-1e-6)
+        ids = torch.randint(0, 15, (5,), generator=rng)
+        rows.append(
+            {
+                "engine_logprobs": engine.tolist(),
+                "train_logprobs": trainer.tolist(),
+                "token_ids": ids.tolist(),
+            }
+        )
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_entry_fixtures(root: Path) -> None:
+    """For the entry points' own causes: a good dump in the project's format, tokenizer folders that load
+    nothing, an audit folder whose audit.png is a folder, and a pair folder whose teacher is a file."""
+    write_good_dump(root / "good.jsonl")
+    (root / "emptytok").mkdir()
+    (root / "garbagetok").mkdir()
+    (root / "garbagetok" / "tokenizer.json").write_text("not a tokenizer")
+    (root / "pngdir" / "audit.png").mkdir(parents=True)
+    (root / "pairdir").mkdir()
+    (root / "pairdir" / "teacher").write_text("a file where the teacher's folder goes\n")
+
+
 def write_bad_runs(root: Path) -> None:
     """Copies of the finished run `done` with one thing wrong each, for --resume."""
     done = root / "runs" / "done"
@@ -164,6 +278,13 @@ def write_bad_runs(root: Path) -> None:
     (metrics_dir / "metrics.jsonl").mkdir()
     (copy("lockdir") / ".lock").mkdir()
     (copy("nockpt") / "checkpoint.pt").unlink()  # finished, its checkpoint removed to reclaim space
+    # another run's checkpoint of the same settings and shapes, copied in: its own weights and run id
+    other = {"run_id": "0" * 32}
+    copy(
+        "otherrun", checkpoint=lambda s: {**other, "student": {k: v + 0.01 for k, v in s["student"].items()}}
+    )
+    copy("noidckpt", checkpoint=lambda state: {"run_id": None})  # a checkpoint from before run ids
+    copy("intid", config={"run_id": 5})
 
 
 @pytest.fixture(scope="module")
@@ -403,17 +524,164 @@ OTHERS = [
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "bigint.jsonl"], "too large"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "tiny_logprob.jsonl"], "-1e+308"),
     ("admit", ["check", "--budget", "good_budget.json", "--dump", "nested.jsonl"], "not valid JSON"),
+    # other systems' exports: one typed schema per layout, checked before any value is converted
+    ("admit", [*CHECK_DUMP, "prime_str", "--format", "prime-rl"], "token_ids[0] is '"),
+    (
+        "admit",
+        [*CHECK_DUMP, "prime_big", "--format", "prime-rl"],
+        "is an integer of 401 digits",
+    ),
+    ("admit", [*CHECK_DUMP, "slime_str", "--format", "slime"], "samples is 'samples'; expected a list"),
+    ("admit", [*CHECK_DUMP, "slime_ints", "--format", "slime"], "sample 0 is 1; expected a dict"),
+    ("admit", [*CHECK_DUMP, "verl_nan", "--format", "verl"], "responses is a tensor of torch.float32"),
+    ("admit", [*CHECK_DUMP, "verl_i64", "--format", "verl"], "old_log_probs is a tensor of torch.int64"),
+    ("admit", [*CHECK_DUMP, "trl_main", "--format", "trl"], "process_index is 'main'"),
+    ("admit", [*CHECK_DUMP, "vllm_outputs", "--format", "vllm"], "outputs is 5; expected a list"),
+    ("admit", [*CHECK_DUMP, "vllm_float", "--format", "vllm"], "logprobs[0]['7'] is -0.5"),
+    ("admit", [*CHECK_DUMP, "verl_good", "--steps", "²"], "--steps '²'"),
+    ("admit", [*CHECK_DUMP, "verl_good", "--steps", "0-99999999999"], "beyond any step number"),
+    ("admit", ["audit", "--budget", "good_budget.json", "--dump", "vllm_float", "--out", "a"], "is -0.5"),
+    (
+        "admit",
+        ["audit", "--budget", "good_budget.json", "--dump", "verl_good", "--steps", "9-2", "--out", "a"],
+        "backwards",
+    ),
+    # budget files: one validation (budget.read_budget) for every reader: check, audit, the study, calibrate
+    ("admit", ["check", "--budget", "analytic_tis2.json"], "tis_cap is 2 with loss analytic"),
+    ("admit", ["check", "--budget", "ci_backwards.json"], "expected lo <= budget <= hi"),
+    ("admit", ["check", "--budget", "ci_below.json"], "budget_ci is [1.0, 2.0] and budget 0.5"),
+    ("admit", ["check", "--budget", "str_center.json"], "center_advantages is 'yes'"),
+    ("admit", ["check", "--budget", "center_analytic.json"], "center_advantages is true with loss analytic"),
+    ("admit", ["check", "--budget", "garbage_points.json"], "points[0] has no field 'source'"),
+    ("admit", ["check", "--budget", "str_fit.json"], "fit.mismatch is 'x'"),
+    ("admit", ["check", "--budget", "ragged_fit.json"], "fit has 2 mismatches and 1 quality losses"),
+    ("admit", ["check", "--budget", "other_loss_settings.json"], "train_settings.loss is 'sampled'"),
+    ("admit", ["check", "--budget", "bool_lr.json"], "train_settings.lr is True"),
+    ("admit", ["check", "--budget", "str_noise.json"], "noise.eval_sd_by_prompts.16.sd is 'low'"),
+    (
+        "admit",
+        ["audit", "--budget", "ci_backwards.json", "--dump", "verl_good", "--out", "a"],
+        "lo <= budget",
+    ),
+    ("study.__main__", ["validate", "--budget", "analytic_tis2.json"], "tis_cap is 2 with loss analytic"),
+    ("study.__main__", ["validate", "--budget", "steps_budget.json"], "fewer than two noise points"),
+    ("study.__main__", ["drift", "--budget", "good_budget.json"], "missing field points"),
+    ("study.__main__", ["drift", "--budget", "str_fit.json"], "fit.mismatch is 'x'"),
+    # recorded points taken as input: checked before any run (calibrate --reuse, validate --reuse)
+    (
+        "lab.calibrate",
+        ["--reuse", "garbage_points.json"],
+        "--reuse garbage_points.json: points[0] has no field",
+    ),
+    ("lab.calibrate", ["--reuse", "good_budget.json"], "missing field points.source"),
+    (
+        "study.__main__",
+        ["validate", "--budget", "steps_budget.json", "--reuse", "garbage_validation.json"],
+        "--reuse garbage_validation.json: points[0] has no field 'label'",
+    ),
 ]
+AUDIT = ["audit", "--budget", "good_budget.json", "--dump"]
+BAD = "\udcff"  # how Python hands over a byte that is not UTF-8 (b"\xff") in argv or a file name
+# The entry points' own causes, each a table of (module, argv, needle).
+BY_CAUSE = {
+    # every output target, tokenizer and input checked before any work: the export named here is broken, so
+    # a refusal that names the target (not the export) shows the target was checked first
+    "checked before work": [
+        ("admit", [*AUDIT, "broken.pt", "--out", "afile/audit"], "afile is a file"),
+        ("admit", [*AUDIT, "broken.pt", "--out", "aud", "--tokenizer", "emptytok"], "no tokenizer loads"),
+        ("admit", [*AUDIT, "broken.pt", "--out", "aud", "--tokenizer", "garbagetok"], "(JSONDecodeError)"),
+        ("admit", [*AUDIT, "broken.pt", "--out", "aud", "--tokenizer", "afile"], "not a folder"),
+        ("admit", [*AUDIT, "broken.pt", "--out", "pngdir"], "audit.png: a folder"),
+        ("tools.build_tiny", ["--out", "afile/pairs"], "afile is a file"),
+        ("tools.build_tiny", ["--out", "pairdir"], "pairdir/teacher: exists and is not a folder"),
+        ("tools.gpu_check", ["--dry-run", "--out", "afile"], "exists and is not a folder"),
+    ],
+    # numbers bounded by what a run can mean, counts by what exists, flags by the mode that reads them, a
+    # checkpoint by the run that wrote it
+    "bounds": [
+        ("train", ["--pair", "tiny", "--noise", "10.5"], "--noise: '10.5': expected a relative weight noise"),
+        ("train", ["--pair", "tiny", "--noise", "1e30"], "in [0, 10]"),
+        ("opd_minimal", ["--noise", "999"], "in [0, 10]"),
+        ("mismatch", ["--noise", "11"], "in [0, 10]"),
+        ("admit", ["check", "--budget", "good_budget.json", "--noise", "1e30"], "in [0, 10]"),
+        ("study.__main__", ["sources", "--noise", "100"], "in [0, 10]"),
+        ("lab.calibrate", ["--noise-grid", "0.1,30"], "noises in [0, 10]"),
+        ("admit", ["check", "--budget", "good_budget.json", "--steps", "3"], "--steps without --dump"),
+        ("admit", ["check", "--budget", "good_budget.json", "--format", "verl"], "--format without --dump"),
+        (
+            "admit",
+            ["check", "--budget", "good_budget.json", "--dump", "good.jsonl", "--weights", "fp8"],
+            "--weights",
+        ),
+        (
+            "admit",
+            [*CHECK_DUMP, "good.jsonl", "--probes", "8", "--noise", "0.1"],
+            "--probes, --noise: set a live",
+        ),
+        ("study.__main__", ["sources", "--probes", "100000000"], "the tiny pair has 256 held-out prompts"),
+        ("study.__main__", ["sensitivity", "--probes", "257"], "--probes 257: the tiny pair has 256"),
+        ("mismatch", ["--probes", "257"], "expected at most 256"),
+        (
+            "mismatch",
+            ["--prompts", "pairprompts.jsonl", "--probes", "4"],
+            "every line of --prompts is a probe",
+        ),
+        ("rollout", ["--n", "300"], "--n 300: the tiny pair has 256"),
+        ("lab.calibrate", ["--probes", "257", "--steps", "1", "--out", "cal"], "--probes 257: the tiny pair"),
+        ("train", ["--pair", "tiny", "--resume", "--name", "otherrun"], "belongs to another run (0000"),
+        ("train", ["--pair", "tiny", "--resume", "--name", "noidckpt"], "belongs to another run (no run id"),
+        ("train", ["--pair", "tiny", "--resume", "--name", "intid"], "run_id is 5"),
+    ],
+    # a file or folder name that is not valid text, refused by every flag that names one (cli.path_text)
+    "not text": [
+        ("train", ["--pair", "tiny", "--name", f"r{BAD}"], "argument --name: 'r\\udcff': not valid UTF-8"),
+        ("train", ["--pair", "tiny", "--out-dir", f"runs{BAD}"], "--out-dir"),
+        ("train", ["--pair", "tiny", "--prompts", f"p{BAD}.jsonl"], "--prompts"),
+        ("train", ["--pair", "tiny", "--budget", f"b{BAD}.json"], "--budget"),
+        ("train", ["--teacher", f"t{BAD}", "--student", "s"], "--teacher"),
+        ("train", ["--teacher", "t", "--student", f"s{BAD}"], "--student"),
+        ("mismatch", ["--dump-out", f"d{BAD}.jsonl"], "--dump-out"),
+        ("mismatch", ["--prompts", f"p{BAD}.jsonl"], "--prompts"),
+        ("admit", ["check", "--budget", f"b{BAD}.json"], "--budget"),
+        ("admit", [*CHECK_DUMP, f"d{BAD}.jsonl"], "--dump"),
+        ("admit", ["check", "--budget", "good_budget.json", "--teacher", f"t{BAD}"], "--teacher"),
+        ("admit", ["check", "--budget", "good_budget.json", "--student", f"s{BAD}"], "--student"),
+        ("admit", ["check", "--budget", "good_budget.json", "--prompts", f"p{BAD}"], "--prompts"),
+        ("admit", [*AUDIT, f"d{BAD}", "--out", "aud"], "--dump"),
+        ("admit", ["audit", "--budget", f"b{BAD}", "--dump", "good.jsonl", "--out", "aud"], "--budget"),
+        ("admit", [*AUDIT, "good.jsonl", "--out", f"o{BAD}"], "--out"),
+        ("admit", [*AUDIT, "good.jsonl", "--out", "aud", "--tokenizer", f"t{BAD}"], "--tokenizer"),
+        ("lab.calibrate", ["--out", f"c{BAD}"], "--out"),
+        ("lab.calibrate", ["--reuse", f"r{BAD}.json"], "--reuse"),
+        ("lab.calibrate", ["--teacher", f"t{BAD}"], "--teacher"),
+        ("lab.calibrate", ["--student", f"s{BAD}"], "--student"),
+        ("lab.calibrate", ["--prompts", f"p{BAD}"], "--prompts"),
+        ("study.__main__", ["sensitivity", "--out", f"s{BAD}"], "--out"),
+        ("study.__main__", ["validate", "--budget", f"b{BAD}.json"], "--budget"),
+        ("study.__main__", ["validate", "--reuse", f"r{BAD}.json"], "--reuse"),
+        ("study.__main__", ["drift", "--budget", f"b{BAD}.json"], "--budget"),
+        ("tools.build_tiny", ["--out", f"p{BAD}"], "--out"),
+        ("tools.gpu_check", ["--dry-run", "--out", f"g{BAD}"], "--out"),
+    ],
+}
 # (module, argv, needle, environment): causes that come from the environment
 ENV_CASES = [
     ("models", ["info", "--pair", "smollm2"], "is not a folder", {"OPD_CACHE": "afile"}),
     ("models", ["info", "--pair", "smollm2"], "afile is a file", {"OPD_CACHE": "afile/cache"}),
     ("models", ["info", "--pair", "smollm2"], "cached conversion cannot be read", {"OPD_CACHE": "cache"}),
 ]
-CASES = [
-    ("train", ["--pair", "tiny", *argv] if "--pair" not in argv and "--teacher" not in argv else argv, needle)
-    for argv, needle in TRAIN
-] + OTHERS
+CASES = (
+    [
+        (
+            "train",
+            ["--pair", "tiny", *argv] if "--pair" not in argv and "--teacher" not in argv else argv,
+            needle,
+        )
+        for argv, needle in TRAIN
+    ]
+    + OTHERS
+    + [case for cases in BY_CAUSE.values() for case in cases]
+)
 
 
 def tree(root: Path) -> dict:
@@ -462,6 +730,8 @@ CLIS = (
     "tools.bench_sampler",
     "tools.bench_check",
     "tools.bench_noise",
+    "tools.build_tiny",
+    "tools.gpu_check",
 )
 
 
@@ -478,6 +748,133 @@ def test_every_cli_and_every_bounded_flag_of_train_has_a_refusal_case():
     }
     covered = {arg for _, argv, _ in CASES for arg in argv if arg.startswith("--")}
     assert typed_flags and typed_flags <= covered, sorted(typed_flags - covered)
+
+
+def parser_actions(parser, sub: str | None = None):
+    """(subcommand or None, action) of every option of a parser and of its subcommands' parsers."""
+    for action in parser._actions:
+        if action.option_strings:
+            yield sub, action
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from parser_actions(child, sub=name)
+
+
+def test_every_cause_covers_its_entry_points_and_every_path_flag_refuses_a_name_that_is_not_text():
+    """Each cause has cases; every flag that names a file or folder (cli.path_text) in every parser has a
+    case giving it a name that is not text; every --noise is bounded by cli.noise_sigma, the one converter."""
+    import admit
+    import lab.calibrate
+    import mismatch
+    import rollout
+    import study.__main__
+    import train
+    from cli import BadInput, noise_sigma, path_text
+
+    assert all(BY_CAUSE.values())
+    entry = {m for cases in BY_CAUSE.values() for m, _, _ in cases}
+    assert {"train", "admit", "lab.calibrate", "study.__main__", "tools.build_tiny", "opd_minimal"} <= entry
+    with_subcommands = ("admit", "study.__main__")
+    given = {
+        (m, argv[0] if m in with_subcommands else None, argv[i - 1])
+        for m, argv, _ in BY_CAUSE["not text"]
+        for i, arg in enumerate(argv)
+        if BAD in arg
+    }
+    parsers = {
+        "train": train.build_parser(),
+        "mismatch": mismatch.build_parser(),
+        "admit": admit.build_parser(),
+        "lab.calibrate": lab.calibrate.build_parser(),
+        "study.__main__": study.__main__.build_parser(),
+    }
+    path_flags, noise = set(), []
+    for module, parser in parsers.items():
+        for sub, action in parser_actions(parser):
+            if action.type is path_text:
+                path_flags.add((module, sub, action.option_strings[0]))
+            if "--noise" in action.option_strings:
+                noise.append(action.type)
+    assert path_flags and path_flags <= given, sorted(path_flags - given, key=str)
+    assert noise and all(kind is noise_sigma for kind in noise), noise
+    assert rollout.RolloutConfig(noise=10.0).noise == 10.0
+    with pytest.raises(BadInput, match="noise 10.5: must be a relative weight noise"):
+        rollout.RolloutConfig(noise=10.5)  # a config built in code or read back on resume: the same bound
+
+
+# budget files: the one validation accepts every committed budget and record, with what each reader needs,
+# and the real float range
+def test_every_committed_budget_reads_with_what_each_reader_needs():
+    from budget import read_budget
+    from lab.calibrate import REUSE_NEEDS
+    from study.losses import STUDY_NEEDS
+
+    budgets = sorted(ROOT.glob("budgets/**/budget.json"))
+    records = [p for p in sorted(ROOT.glob("results/*.json")) if '"schema_version": 2' in p.read_text()[:400]]
+    assert len(budgets) >= 7 and len(records) >= 5, (budgets, records)
+    for path in budgets + records:  # a record of a 60-step run has no noise measurement: not reusable
+        for needs in (STUDY_NEEDS, ("pair", "points", "steps", "seeds"), *[REUSE_NEEDS] * (path in budgets)):
+            b = read_budget(path, None, needs=needs)
+            assert b["loss"] in ("analytic", "sampled", "sampler") and b["center_advantages"] is False, path
+
+
+def test_a_budget_of_1e308_is_finite_and_one_of_2e308_is_not(tmp_path):
+    """The rule is the float range (about 1.8e308), not abs < 1e308; the interval may be open above."""
+    from budget import read_budget
+    from cli import BadInput
+
+    top = {**CI, "lo": 1.0, "hi": None}
+    (tmp_path / "b.json").write_text(json.dumps({**GOOD_BUDGET, "budget": 1e308, "budget_ci": top}))
+    assert read_budget(tmp_path / "b.json", "tiny")["budget"] == 1e308
+    (tmp_path / "b.json").write_text(json.dumps({**GOOD_BUDGET, "budget": 2 * 10**308}))
+    with pytest.raises(BadInput, match="budget is 2000.*expected a finite number"):
+        read_budget(tmp_path / "b.json", "tiny")
+    (tmp_path / "b.json").write_text(
+        json.dumps({**GOOD_BUDGET, "loss": "sampled", "center_advantages": True})
+    )
+    assert read_budget(tmp_path / "b.json", "tiny")["center_advantages"] is True
+
+
+# results the study report reads: a file that does not parse, or that holds other fields, is one line
+# naming it; a budget without the fields the report draws is one line naming it and the field
+REPORT_CASES = {
+    "truncated coverage": (
+        "results/coverage.json",
+        '{"results": [{"pair": "tiny", "ce',
+        "coverage.json: not a",
+    ),
+    "a list for a result": ("results/rl_tiny.json", "[1, 2]", "rl_tiny.json: holds a list"),
+    "other fields": (
+        "results/prefix_tiny.json",
+        '{"rows": 5}',
+        "prefix_tiny.json: not what `python -m study",
+    ),
+    "a drift without rows": ("results/drift_tiny_x.json", '{"pair": "tiny"}', "drift_tiny_x.json: not what"),
+    "a budget without fit": (
+        "budgets/tiny/budget.json",
+        "nofit",
+        "budgets/tiny/budget.json: missing field fit",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REPORT_CASES)
+def test_study_report_names_a_bad_result_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, case):
+    from study.__main__ import main
+
+    name, content, needle = REPORT_CASES[case]
+    if content == "nofit":
+        budget = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
+        content = json.dumps({k: v for k, v in budget.items() if k != "fit"})
+    (tmp_path / name).parent.mkdir(parents=True)
+    (tmp_path / name).write_text(content)
+    monkeypatch.chdir(tmp_path)
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert tree(tmp_path) == before, "a refused report drew or wrote something"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -825,3 +1222,252 @@ def test_a_zero_byte_or_truncated_cache_file_is_one_line(tmp_path):
     for name in ("empty.pt", "cut.pt"):
         with pytest.raises(BadInput, match=f"{name}: a cached file that cannot be read"):
             load_cached(tmp_path / name, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The entry points' own behaviours: targets checked before work, atomic figures and pairs, a run's id, names
+# that are not text, and one signal rule for every command
+
+
+def test_audit_checks_a_read_only_out_before_it_reads_the_export(workdir, tmp_path, monkeypatch, capsys):
+    """A read-only --out (simulated, as access(2) answers on a read-only mount) is one line before the export
+    is read: the reader is never called, and nothing is written."""
+    import admit
+    import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ro").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, m: False if Path(p).name == "ro" else real_access(p, m))
+    read = []
+    monkeypatch.setattr(admit, "read_native", lambda *a, **k: read.append(a))
+    args = ["audit", "--budget", str(workdir / "good_budget.json"), "--dump", str(workdir / "good.jsonl")]
+    args += ["--out", "ro/audit"]
+    with pytest.raises(SystemExit) as exit_info:
+        admit.main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err == f"error: --out ro/audit: {tmp_path / 'ro'} is not writable\n"
+    assert not read and [p.name for p in tmp_path.rglob("*")] == ["ro"]
+
+
+def test_a_full_disk_writing_an_audit_leaves_no_torn_figure_and_keeps_a_good_one(
+    workdir, tmp_path, monkeypatch, capsys
+):
+    import admit
+
+    monkeypatch.chdir(tmp_path)
+    args = ["audit", "--budget", str(workdir / "good_budget.json"), "--dump", str(workdir / "good.jsonl")]
+    args += ["--out", "aud", "--tokenizer", "tiny"]
+    full_disk_at(monkeypatch, "audit.png")
+    with pytest.raises(SystemExit) as exit_info:
+        admit.main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 5 and err.startswith("error: could not write aud/audit.png"), err
+    assert list((tmp_path / "aud").iterdir()) == [], "no 0-byte or torn audit.png, no temporary file"
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    admit.main(args)  # with room again: a good audit
+    good = (tmp_path / "aud" / "audit.png").read_bytes()
+    full_disk_at(monkeypatch, "audit.png")
+    with pytest.raises(SystemExit) as exit_info:
+        admit.main(args)
+    assert exit_info.value.code == 5
+    assert (tmp_path / "aud" / "audit.png").read_bytes() == good, "a good audit is never rewritten in place"
+    assert sorted(p.name for p in (tmp_path / "aud").iterdir()) == ["audit.png", "report.md"]
+
+
+def test_build_tiny_swaps_in_a_whole_new_pair_or_keeps_the_old_one(tmp_path, monkeypatch):
+    """tools.build_tiny saves beside the pair, then swaps: a full disk while saving the student leaves the old
+    teacher and student as they were (not a new teacher beside an old student), and no staged folder."""
+    from transformers import LlamaForCausalLM
+
+    from cli import WriteFailed
+    from models import tiny_config, tiny_tokenizer
+    from tools.build_tiny import save_pair
+
+    def files() -> dict:
+        return {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    tokenizer, sizes = tiny_tokenizer(), ("teacher", "student")
+    save_pair({s: LlamaForCausalLM(tiny_config(s)) for s in sizes}, tokenizer, out_dir=tmp_path, report={})
+    first = files()
+    assert {"teacher/model.safetensors", "student/model.safetensors", "build.json"} <= first.keys()
+    new = {s: LlamaForCausalLM(tiny_config(s)) for s in sizes}
+    real = LlamaForCausalLM.save_pretrained
+
+    def full_disk(self, path, *a, **k):
+        if "student" in str(path):
+            raise OSError(28, "No space left on device")
+        return real(self, path, *a, **k)
+
+    monkeypatch.setattr(LlamaForCausalLM, "save_pretrained", full_disk)
+    with pytest.raises(WriteFailed, match="its previous files are intact"):
+        save_pair(new, tokenizer, out_dir=tmp_path, report={"again": True})
+    assert files() == first
+    monkeypatch.undo()
+    save_pair(new, tokenizer, out_dir=tmp_path, report={"again": True})
+    assert files()["teacher/model.safetensors"] != first["teacher/model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build.json", "student", "teacher"]
+
+
+def test_a_run_id_binds_each_checkpoint_and_a_folder_from_before_run_ids_still_resumes(
+    workdir, tmp_path, monkeypatch, capsys
+):
+    """A fresh run writes one id into config.json and every checkpoint (another run's checkpoint is refused:
+    the BY_CAUSE cases). A folder whose files carry no id, as before run ids, resumes with a note."""
+    import train
+
+    done = workdir / "runs" / "done"
+    run_id = json.loads((done / "config.json").read_text())["run_id"]
+    assert len(run_id) == 32 and torch.load(done / "checkpoint.pt", weights_only=True)["run_id"] == run_id
+    run_dir = tmp_path / "runs" / "old"
+    shutil.copytree(done, run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "run_id"}))
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    torch.save({k: v for k, v in state.items() if k != "run_id"}, run_dir / "checkpoint.pt")
+    monkeypatch.chdir(tmp_path)
+    train.main(["--name", "old", "--resume", "--steps", "3"])
+    assert "has no run id (made before run ids were written)" in capsys.readouterr().err
+    assert [r["step"] for r in metric_lines(run_dir)] == [0, 1, 2, 3]
+
+
+def test_a_name_of_bytes_that_are_not_utf8_is_refused_before_any_work(tmp_path):
+    """The bytes themselves on a real command line (train.py --name $'r\\xff'): one line, exit 2, nothing."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, str(ROOT / "train.py"), "--pair", "tiny", "--name", b"r\xff"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    err = done.stderr.decode("utf-8", "backslashreplace")
+    assert done.returncode == 2 and err.count("\n") == 1 and "--name: 'r\\udcff': not valid UTF-8" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+BUDGET = str(ROOT / "budgets" / "tiny" / "budget.json")
+STUDY = ("validate", "lr", "rl", "prefix", "async", "sources", "sensitivity", "coverage", "report")
+# every entry point, as a user starts it: a script, or a module with -m
+ENTRY_POINTS = {
+    "train": ["train.py", *TINY, "--steps", "2"],
+    "opd_minimal": ["opd_minimal.py", "--steps", "2"],
+    "mismatch": ["mismatch.py"],
+    "rollout": ["rollout.py"],
+    "quant": ["quant.py", "kv-capacity", "--pairs", "tiny"],
+    "models": ["models.py", "info", "--pair", "tiny"],
+    "admit check": ["admit.py", "check", "--budget", BUDGET],
+    "admit audit": ["admit.py", "audit", "--budget", BUDGET, "--dump", "good.jsonl", "--out", "aud"],
+    "lab.calibrate": ["-m", "lab.calibrate", "--steps", "1", "--seeds", "1", "--out", "cal"],
+    **{f"study {e}": ["-m", "study", e] for e in STUDY},
+    "study drift": ["-m", "study", "drift", "--budget", BUDGET],
+    **{
+        f"tools.{t}": ["-m", f"tools.{t}"]
+        for t in ("bench_check", "bench_noise", "bench_sampler", "bench_step")
+    },
+    "tools.build_tiny": ["-m", "tools.build_tiny", "--out", "pairs"],
+    "tools.gpu_check": ["-m", "tools.gpu_check", "--dry-run", "--out", "gpu"],
+}
+
+
+def start(argv: list[str], cwd: Path, **env) -> subprocess.Popen:
+    """An entry point in its own process: a script by its path, a module with -m (found on PYTHONPATH)."""
+    command = [sys.executable, *(argv if argv[0] == "-m" else [str(ROOT / argv[0]), *argv[1:]])]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
+    env["TQDM_DISABLE"] = "1"  # progress bars (transformers' "Loading weights" too) would share stderr
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def has_its_handlers(pid: int) -> bool:
+    """Has the process installed its SIGTERM handler (cli.exit_on_signals)? /proc/PID/status lists the
+    signals it catches (SigCgt); Python itself catches SIGINT only."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def wait_for(proc: subprocess.Popen, ready, seconds: float = 300) -> None:
+    deadline = time.time() + seconds
+    while proc.poll() is None and time.time() < deadline and not ready():
+        time.sleep(0.005)
+    assert proc.poll() is None, (
+        f"exited {proc.returncode} before it was signalled: {proc.stderr.read()[-2000:]}"
+    )
+
+
+def stopped(proc: subprocess.Popen, signum: int) -> str:
+    """Send signum; the one line on stderr, after checking the exit code and that nothing else was said."""
+    proc.send_signal(signum)
+    err = proc.communicate(timeout=300)[1]
+    lines = err.strip().splitlines()
+    assert proc.returncode == 128 + signum and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def test_a_signal_to_any_entry_point_is_one_line_and_128_plus_its_number(tmp_path, name, signum):
+    """Sent as soon as the command has its handlers, while it still imports torch and transformers (where a
+    KeyboardInterrupt traceback, or a silent 143, used to be): one line, exit 130 / 143, nothing written."""
+    from cli import RERUN
+
+    write_good_dump(tmp_path / "good.jsonl")
+    before = tree(tmp_path)
+    proc = start(ENTRY_POINTS[name], cwd=tmp_path)
+    wait_for(proc, lambda: has_its_handlers(proc.pid), seconds=60)
+    note = RERUN if name.startswith(("study", "lab.calibrate")) else "no file was left half-written"
+    assert stopped(proc, signum) == f"interrupted by {signal.Signals(signum).name}; {note}"
+    assert tree(tmp_path) == before
+
+
+def test_stopping_at_once_never_leaves_a_file_half_written(tmp_path):
+    """A program writing a 20 MB file again and again (cli.atomic_write_text), stopped by SIGTERM wherever it
+    is: the file holds one whole version, and no temporary file is left."""
+    program = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import cli
+cli.exit_on_signals("__main__")
+from pathlib import Path
+for i in range(10**6):
+    cli.atomic_write_text(Path("out.txt"), f"{{i}}\\n" + "x" * 20_000_000)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", program], cwd=tmp_path, text=True, stderr=subprocess.PIPE)
+    wait_for(proc, lambda: (tmp_path / "out.txt").exists(), seconds=60)
+    time.sleep(0.05)  # into the next write
+    assert stopped(proc, signal.SIGTERM) == "interrupted by SIGTERM; no file was left half-written"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+    assert (tmp_path / "out.txt").read_text().split("\n", 1)[1] == "x" * 20_000_000
+
+
+@pytest.mark.slow
+def test_a_signal_mid_training_stops_opd_minimal_in_one_line(tmp_path):
+    proc = start(["opd_minimal.py", "--steps", "50", "--batch", "8"], cwd=tmp_path, PYTHONUNBUFFERED="1")
+    for line in proc.stdout:  # the table's first row: step 1 has trained
+        if line.split()[:1] == ["1"]:
+            break
+    assert stopped(proc, signal.SIGINT) == "interrupted by SIGINT; no file was left half-written"
+    assert list(tmp_path.iterdir()) == []
+
+
+CALIBRATE = ["-m", "lab.calibrate", "--steps", "3", "--seeds", "1", "--noise-grid", "0.1", "--real", ""]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["in its first run", "after its first run"])
+def test_a_signal_stops_a_calibration_in_a_run_or_between_runs(tmp_path, when):
+    """In a run, the run stops after its step with a checkpoint (train.run's safe point); between runs, at
+    once. Either way one line saying to rerun the command, exit 130, no lock or temporary file left, and no
+    budget written."""
+    from cli import RERUN
+
+    first = tmp_path / "cal" / "runs" / "baseline-seed0"
+    marker = first / ("metrics.jsonl" if when == "in its first run" else "curves.png")
+    proc = start([*CALIBRATE, "--probes", "8", "--out", "cal"], cwd=tmp_path)
+    wait_for(proc, lambda: marker.exists() and marker.stat().st_size > 0)
+    line = stopped(proc, signal.SIGINT)
+    assert line.endswith(RERUN), line
+    left = [p.name for p in (tmp_path / "cal").rglob("*")]
+    assert not [n for n in left if n.endswith((".tmp", ".new")) or n.startswith(".lock")], left
+    assert "budget.json" not in left and (first / "checkpoint.pt").is_file()
+    if when == "in its first run":
+        assert line.startswith("interrupted at step 1; "), line
+        assert torch.load(first / "checkpoint.pt", weights_only=True)["step"] == 1

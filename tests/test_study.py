@@ -156,6 +156,8 @@ def test_a_pairs_budgets_are_read_per_loss_tabled_and_overlaid(tmp_path):
 
     analytic = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
     sampled = {**analytic, "loss": "sampled", "tis_cap": 2.0, "budget": 0.0, "how": "none-within"}
+    sampled["train_settings"] = {**analytic["train_settings"], "loss": "sampled", "tis_cap": 2.0}
+    sampled["budget_ci"] = None  # the analytic interval would not hold this budget (read_budget refuses it)
     (tmp_path / "tiny" / "sampled-tis2").mkdir(parents=True)
     (tmp_path / "tiny" / "budget.json").write_text(json.dumps(analytic))
     (tmp_path / "tiny" / "sampled-tis2" / "budget.json").write_text(json.dumps(sampled))
@@ -303,3 +305,25 @@ def test_validate_reuse_takes_a_recorded_validations_runs_and_trains_nothing(tmp
         validate.reused_validation(
             ROOT / "results/validation_tiny.json", "tiny", {**budget, "budget": 1.0}, "analytic"
         )
+
+
+def test_lr_choice_is_the_best_mean_among_rates_where_no_seed_diverged():
+    """study.lr.choose: per loss, the lowest mean final eval reverse KL among rates with every seed finished
+    and none diverged; a rate whose one seed diverged is never chosen, however good its other seeds."""
+    from lab.calibrate import STUDY_LOSSES
+    from study.lr import choose
+
+    grid, seeds = (1e-4, 3e-4, 1e-3), 2
+    finals = {1e-4: (2.5, 2.6), 3e-4: (2.0, 2.2), 1e-3: (1.0, None)}  # None: that seed diverged
+    points = [
+        {"loss": label, "lr": lr, "seed": s, "eval_rkl": v, "diverged": v is None, "eval_acc": None}
+        for label in STUDY_LOSSES
+        for lr, vals in finals.items()
+        for s, v in enumerate(vals)
+    ]
+    cells, chosen = choose(points, grid, seeds)
+    assert set(chosen.values()) == {3e-4}
+    cell = next(c for c in cells if c["loss"] == "analytic" and c["lr"] == 1e-3)
+    assert cell["diverged"] == 1 and cell["eval_rkl_mean"] == 1.0
+    partial = [p for p in points if not (p["lr"] == 3e-4 and p["seed"] == 1)]
+    assert set(choose(partial, grid, seeds)[1].values()) == {1e-4}  # a rate needs every seed to be chosen

@@ -316,3 +316,115 @@ def test_the_summary_line_says_which_way_the_held_out_kl_moved():
 
     assert "(67% lower)" in summary(records(1.0))
     assert "(233% higher" in summary(records(10.0)) and "lower" not in summary(records(10.0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# train.py --budget: the running mismatch against a budget's interval
+
+
+def budget_file(tmp_path: Path, budget: float, lo: float, hi: float, name: str = "b.json") -> Path:
+    """tiny's committed analytic budget with its number and interval replaced: a valid budget.json."""
+    record = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
+    record.update(budget=budget, how="crossing")
+    record["budget_ci"] = {**record["budget_ci"], "lo": lo, "hi": hi}
+    path = tmp_path / name
+    path.write_text(json.dumps(record))
+    return path
+
+
+def warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("warning: step ")]
+
+
+def test_a_run_over_its_budget_warns_once_and_records_it(tmp_path):
+    """An engine with weight noise σ = 0.1 (about 0.25 nats/token on tiny) against a budget of 1e-6: the
+    running interval is above the budget's from step 1; one line names the step, the budget and the
+    source, and every step's metrics carry over_budget with the running interval."""
+    tight = budget_file(tmp_path, 1e-6, 5e-7, 2e-6)
+    args = [*TINY, "--steps", "3", "--noise", "0.1", "--budget", str(tight), "--name", "over"]
+    result = cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = warnings(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("warning: step 1: running mismatch "), result.stderr
+    assert "source: --noise 0.1" in lines[0] and str(tight) in lines[0] and "2.000e-06]" in lines[0]
+    steps = [r for r in metrics(tmp_path / "runs" / "over") if r["step"] > 0]
+    assert [r["over_budget"] for r in steps] == [True, True, True]
+    for r in steps:
+        assert (
+            r["mismatch_run_lo"] > 2e-6
+            and r["mismatch_run_lo"] <= r["mismatch_run_mean"] <= r["mismatch_run_hi"]
+        )
+        assert r["mismatch_se"] > 0
+    assert [r["mismatch_run_steps"] for r in steps] == [1, 2, 3]
+    assert steps[0]["mismatch_run_mean"] == pytest.approx(steps[0]["mismatch_kl"])
+
+
+def test_over_budget_stop_exits_6_with_a_checkpoint_that_resumes(tmp_path):
+    """--over-budget stop: the run stops at the step whose running interval crosses the budget's, exit 6,
+    with a checkpoint of that step (tiny checkpoints only every 100 steps otherwise); --resume with
+    --over-budget warn goes on from it to the end."""
+    import torch
+
+    tight = budget_file(tmp_path, 1e-6, 5e-7, 2e-6)
+    args = [*TINY, "--steps", "3", "--noise", "0.1", "--budget", str(tight), "--name", "stop"]
+    stopped = cli(*args, "--over-budget", "stop", cwd=tmp_path)
+    assert stopped.returncode == 6, stopped.stderr[-2000:]
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: step 1: the running mismatch is above --budget") and "--resume" in last
+    assert "Traceback" not in stopped.stderr
+    run_dir = tmp_path / "runs" / "stop"
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"] == 1
+    assert [r["step"] for r in metrics(run_dir)] == [0, 1] and metrics(run_dir)[-1]["over_budget"] is True
+    resumed = cli("--name", "stop", "--resume", "--over-budget", "warn", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3]
+    assert warnings(resumed.stderr) == [], "still over: the crossing was already reported at step 1"
+
+
+def test_a_run_within_a_huge_budget_never_warns(tmp_path):
+    huge = budget_file(tmp_path, 1e6, 5e5, 2e6)
+    args = [*TINY, "--steps", "2", "--noise", "0.1", "--budget", str(huge), "--over-budget", "stop"]
+    result = cli(*args, "--name", "within", cwd=tmp_path)
+    assert result.returncode == 0 and warnings(result.stderr) == [], result.stderr[-2000:]
+    steps = [r for r in metrics(tmp_path / "runs" / "within") if r["step"] > 0]
+    assert [r["over_budget"] for r in steps] == [False, False]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--budget", str(ROOT / "budgets/smollm2/budget.json")],
+            "calibrated for pair 'smollm2', not --pair tiny",
+        ),
+        (
+            ["--budget", str(ROOT / "budgets/tiny/budget.json"), "--loss", "sampled"],
+            "calibrated for loss analytic",
+        ),
+        (["--budget", str(ROOT / "budgets/tiny/budget.json"), "--loss", "grpo"], "--budget with --loss grpo"),
+        (["--over-budget", "stop"], "--over-budget stop: needs --budget"),
+    ],
+    ids=["pair", "loss", "grpo", "stop-without-budget"],
+)
+def test_a_budget_of_another_pair_or_loss_is_refused_up_front(tmp_path, args, needle):
+    result = cli(*TINY, *args, "--name", "refused", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_mismatch_se_is_the_ratio_estimators_over_responses():
+    """Two responses of 2 and 1 tokens: S = (0.3, 0.6), n = (2, 1), m = 0.3; the residuals S − m·n are
+    (−0.3, 0.3), so se = √(2 · 0.18) / 3 = 0.2."""
+    import torch
+
+    from train import mismatch_se, running_mismatch
+
+    class Rollout:
+        response_mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]])  # [:, 1:]: 2 targets, then 1
+
+    assert mismatch_se(torch.tensor([0.1, 0.2, 0.6]), Rollout) == pytest.approx(0.2)
+    rows = [{"mismatch_kl": 1.0, "mismatch_se": 0.3}, {"mismatch_kl": 3.0, "mismatch_se": 0.4}]
+    interval = running_mismatch([{"step": 0}, *rows])  # √(0.09 + 0.16) / 2 = 0.25
+    assert interval["mean"] == 2.0 and interval["hi"] == pytest.approx(2.0 + 1.959964 * 0.25)

@@ -11,13 +11,17 @@ each candidate once beforehand (not timed) so that every row is a check as users
     python -m tools.bench_check --pair tiny
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from cli import Parser, fail, BadInput
+from cli import EXPECTED, BadInput, Parser, fail
 from budget import read_budget
 from tools.machine import cpu_facts
 
@@ -54,7 +58,7 @@ def main(argv=None) -> None:
             if "--staleness" in flags:
                 run_check(budget, args.pair, flags)  # trains and caches the stale trajectory once
         rows = [(flags, run_check(budget, args.pair, flags)) for flags in CANDIDATES]
-    except BadInput as e:
+    except EXPECTED as e:
         fail(e)
     print(f"{args.pair}: `admit.py check` against {budget} (one calibration run: {per_run:.0f} s)")
     print(cpu_facts())

@@ -10,13 +10,17 @@ This is a benchmark, not a test: the times depend on the machine and on what els
     python -m tools.bench_noise --pair tiny --rounds 21
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import copy
 import statistics
 import time
 
 import torch
 
-from cli import BadInput, Parser, fail, positive_int
+from cli import EXPECTED, Parser, fail, positive_int
 from models import load_pair
 from rollout import add_weight_noise
 from tools.machine import cpu_facts
@@ -43,7 +47,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     try:
         student = load_pair(args.pair, device="cpu").student
-    except BadInput as e:
+    except EXPECTED as e:
         fail(e)
     buf = torch.empty(max(q.numel() for q in student.parameters()))
     sides = {

@@ -19,6 +19,10 @@ This is a benchmark, not a test: the ratio depends on the machine and on what el
     python -m tools.bench_sampler --batch 16 --profile
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import statistics
 import time
 from dataclasses import replace
@@ -27,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-from cli import BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
+from cli import EXPECTED, BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
 from models import PAIRS, format_prompt, load_pair
 from quant import KVScales, fp8_kv_cache
 from rollout import RolloutConfig, encode_prompts, generate
@@ -163,7 +167,7 @@ def main(argv=None) -> None:
         if len(pair.eval_prompts) < args.batch:
             n = len(pair.eval_prompts)
             raise BadInput(f"--batch {args.batch}: the {args.pair} pair has {n} held-out prompts")
-    except BadInput as e:
+    except EXPECTED as e:
         fail(e)
     model, tok = pair.student.eval(), pair.tokenizer
     prompts = [format_prompt(tok, p.text) for p in pair.eval_prompts[: args.batch]]

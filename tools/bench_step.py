@@ -21,6 +21,10 @@ TRL is a benchmark-only dependency (requirements-bench.txt; it leaves torch and 
     python -m tools.bench_step                 # 6 steps each, about 4 minutes on a 2-core CPU
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import copy
 import importlib.util
 import statistics

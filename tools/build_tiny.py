@@ -2,18 +2,35 @@
 student trained only until it starts to solve problems, so OPD has room to improve it.
 
 Plain supervised next-token cross-entropy on the answers; both models are saved with the tokenizer under
-`pairs/tiny/` (the committed files). This is the only place besides train.py that changes weights.
+`pairs/tiny/` (the committed files). This is the only place besides train.py that changes weights. --out
+is checked before training starts; the new pair is saved beside the old one and swapped in with signals
+held off, so a stop or a full disk leaves the previous pair whole (never one model new, one old).
 
     python -m tools.build_tiny            # about 15 min on a 2-core CPU; rewrites pairs/tiny/
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from cli import Parser, atomic_write_text
+from cli import (
+    EXPECTED,
+    Parser,
+    StopSignals,
+    WriteFailed,
+    atomic_write_text,
+    check_output_dir,
+    fail,
+    path_text,
+)
 from evaluate import exact_match_accuracy
 from models import TINY_DIR, Prompt, format_prompt, tiny_config, tiny_problems, tiny_tokenizer
 from rollout import positions
@@ -81,7 +98,7 @@ def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
     # size: (first round steps, later round steps, peak lr of later rounds, max rounds,
     #        stop when accuracy >= x)
     plan = {"teacher": (3000, 1000, 1e-3, 8, 0.96), "student": (100, 100, 3e-3, 40, 0.25)}
-    report = {}
+    report, models = {}, {}
     for size, (first, later, lr_later, max_rounds, target) in plan.items():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(tiny_config(size))
@@ -99,17 +116,57 @@ def build_tiny(out_dir: Path = TINY_DIR, seed: int = 0) -> dict:
                 break
         report[size] = {"held_out_accuracy": acc, "rounds": rounds, "seconds": round(time.time() - t0, 1)}
         model.generation_config.pad_token_id = 0
-        model.save_pretrained(out_dir / size)
-        tokenizer.save_pretrained(out_dir / size)
-    atomic_write_text(out_dir / "build.json", json.dumps(report, indent=2) + "\n")
+        models[size] = model
+    save_pair(models, tokenizer, out_dir=out_dir, report=report)
     return report
+
+
+def save_pair(models: dict, tokenizer, out_dir: Path, report: dict) -> None:
+    """Save each model with the tokenizer into out_dir/.<size>.new, then, with SIGINT/SIGTERM held off
+    (StopSignals), swap each into out_dir/<size> and write build.json. A full disk while saving is one
+    WriteFailed line with the previous pair untouched; the staged folders never outlive the call."""
+    staged = {size: out_dir / f".{size}.new" for size in models}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for size, model in models.items():
+            shutil.rmtree(staged[size], ignore_errors=True)
+            model.save_pretrained(staged[size])
+            tokenizer.save_pretrained(staged[size])
+        with StopSignals() as stop:
+            for size, path in staged.items():
+                old = out_dir / f".{size}.old"
+                shutil.rmtree(old, ignore_errors=True)
+                if (out_dir / size).exists():
+                    os.replace(out_dir / size, old)
+                os.replace(path, out_dir / size)
+                shutil.rmtree(old, ignore_errors=True)
+            atomic_write_text(out_dir / "build.json", json.dumps(report, indent=2) + "\n")
+        stop.check(f"interrupted while saving; the new pair in {out_dir} is whole")
+    except WriteFailed:
+        raise
+    except (OSError, RuntimeError) as e:  # save_pretrained on a full disk
+        raise WriteFailed(
+            f"could not write the pair to {out_dir} ({e}); its previous files are intact"
+        ) from e
+    finally:
+        for path in staged.values():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def main(argv=None) -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=TINY_DIR, help=f"output folder (default {TINY_DIR})")
+    parser.add_argument(
+        "--out", type=path_text, default=str(TINY_DIR), help=f"output folder (default {TINY_DIR})"
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(build_tiny(args.out), indent=2))
+    try:
+        out = check_output_dir(args.out, "--out")  # before 15 minutes of training, not after
+        for size in ("teacher", "student"):
+            check_output_dir(out / size, "--out")
+        report = build_tiny(out)
+    except EXPECTED as e:
+        fail(e)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

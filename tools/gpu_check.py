@@ -27,6 +27,10 @@ It writes one JSON file, rewritten after every step (a run cut short keeps what 
                  on the device, not the paper's speed-up.
 """
 
+import cli
+
+cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
+
 import json
 import platform
 import subprocess
@@ -44,7 +48,7 @@ import transformers
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as token_models
 
-from cli import BadInput, Parser, fail
+from cli import EXPECTED, BadInput, Parser, append_text, check_output_dir, fail, path_text
 from models import device_label, n_params
 from quant import (
     HAVE_TORCHAO,
@@ -425,7 +429,7 @@ def gpu_tests(out: Path, timeout: int) -> dict:
     xml = out / "pytest_gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", f"--junitxml={xml}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    (out / "pytest_gpu.log").write_text(proc.stdout + proc.stderr)
+    atomic_write_text(out / "pytest_gpu.log", proc.stdout + proc.stderr)
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -472,8 +476,7 @@ def run_steps(steps: dict, result: dict, path: Path, log: Path) -> bool:
             result[name] = {
                 "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             }
-            with log.open("a") as f:
-                f.write(f"--- {name}\n{traceback.format_exc()}\n")
+            append_text(log, f"--- {name}\n{traceback.format_exc()}\n")
         result.setdefault("seconds", {})[name] = time.time() - t0
         atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     return ok
@@ -488,6 +491,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument(
         "--out",
+        type=path_text,
         default="gpu_check_out",
         help="folder for the JSON, the pytest log and tracebacks (default: %(default)s)",
     )
@@ -496,22 +500,21 @@ def main(argv=None) -> None:
     try:
         if not args.dry_run and not torch.cuda.is_available():
             raise BadInput("no CUDA device here; run with --dry-run to check the steps on CPU at toy sizes")
-        if out.exists() and not out.is_dir():
-            raise BadInput(f"--out {out}: is a file, not a folder")
-    except BadInput as e:
+        check_output_dir(out, "--out")
+        device = torch.device("cpu" if args.dry_run else "cuda")
+        sizes = TOY if args.dry_run else FULL
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / ("gpu_dry_run.json" if args.dry_run else "gpu_h200.json")
+        result = {"dry_run": args.dry_run, **environment(device)}
+        steps = {
+            "pytest": lambda: gpu_tests(out, sizes.pytest_timeout),
+            "kv_capacity": lambda: kv_capacity(sizes, device),
+            "decode": lambda: decode_table(sizes, device),
+            "tiny_race": lambda: tiny_race(sizes, device),
+        }
+        ok = run_steps(steps, result, path, log=out / "gpu_check_errors.log")  # a full disk: exit 5
+    except EXPECTED as e:
         fail(e)
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    sizes = TOY if args.dry_run else FULL
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / ("gpu_dry_run.json" if args.dry_run else "gpu_h200.json")
-    result = {"dry_run": args.dry_run, **environment(device)}
-    steps = {
-        "pytest": lambda: gpu_tests(out, sizes.pytest_timeout),
-        "kv_capacity": lambda: kv_capacity(sizes, device),
-        "decode": lambda: decode_table(sizes, device),
-        "tiny_race": lambda: tiny_race(sizes, device),
-    }
-    ok = run_steps(steps, result, path, log=out / "gpu_check_errors.log")
     print(f"wrote {path} ({sum(result['seconds'].values()):.0f} s{'' if ok else '; some steps failed'})")
     sys.exit(0 if ok else 1)
 
