@@ -1,7 +1,7 @@
 """The admission check: a candidate rollout configuration's mismatch, measured in seconds, against a budget.
 
 check  Measures a candidate configuration's canonical mismatch on held-out probe prompts (in doubling
-       batches, FIRST_PROBES first, until the interval decides), with a bootstrap confidence interval
+       batches, config.FIRST_PROBES first, until the interval decides), with a bootstrap confidence interval
        [lo, hi], and compares it with the budget B that `lab/calibrate.py` fitted and its own 95% interval
        [B_lo, B_hi] over the calibration's seeds:
            admit      if hi < B_lo
@@ -59,12 +59,11 @@ from cli import (
     seed_int,
 )
 from cli import temperature as temperature_value
+from config import CHECK_PROBES, DEFAULT_PAIR, DEFAULT_PAIR_HELP, DEVICES, FIRST_PROBES, PAIRS
 from kl import bootstrap_ci
 from port.estimate import MAX_LOG_RATIO, dump_estimate, tokens_to_see
 from mismatch import measure_config
 from models import (
-    DEVICES,
-    PAIRS,
     cache_dir,
     format_prompt,
     load_pair,
@@ -158,7 +157,6 @@ def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], di
 
 VERDICT_EXIT = {"admit": 0, "reject": 1, "uncertain": 4}  # exit codes of `check`, for gating a CI job
 CI_KEYS = ("mismatch_kl", "ci_low", "ci_high")  # the per-step numbers of a multi-step export
-FIRST_PROBES = 8  # sequential probing: 8 probes, then doubling (8, 16, 32, 64, ...) up to the cap
 
 
 def what_it_buys(student, cfg: RolloutConfig) -> dict:
@@ -543,7 +541,7 @@ def build_parser() -> Parser:
     chk.add_argument(
         "--budget", type=path_text, required=True, help="budget.json from python -m lab.calibrate"
     )
-    chk.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    chk.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
     chk.add_argument(
         "--teacher",
         type=path_text,
@@ -560,7 +558,7 @@ def build_parser() -> Parser:
     chk.add_argument(
         "--probes",
         type=positive_int,
-        default=64,
+        default=CHECK_PROBES,
         help="most held-out probes to use (default: %(default)s); probing stops as soon as the CI decides",
     )
     chk.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from config import KV_SCALE_PROMPTS
 from models import Prompt, format_prompt
 from rollout import Rollout, RolloutEngine, snapshot
 
@@ -121,6 +122,7 @@ class Batches:
 
 
 def make_engine(pair, cfg) -> RolloutEngine:
-    """The rollout engine; fp8 KV scales are calibrated on the first 8 training prompts (never eval ones)."""
-    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]]
+    """The rollout engine; fp8 KV scales are calibrated on the first config.KV_SCALE_PROMPTS training prompts,
+    never eval ones."""
+    probes = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:KV_SCALE_PROMPTS]]
     return RolloutEngine(pair.student, pair.tokenizer, cfg.rollout, probe_prompts=probes)

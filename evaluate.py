@@ -7,14 +7,18 @@ have answers (tiny), the exact-match rate of those samples and greedy accuracy.
 import torch
 
 from batches import step_generator
+from config import MAX_NEW_TOKENS
 from loss import opd_loss
 from models import Prompt, format_prompt
 from rl import exact_match_rewards
 from rollout import RolloutConfig, generate
 
 
-def exact_match_accuracy(model, tokenizer, problems: list[Prompt], max_new_tokens: int = 6) -> float:
-    """Exact-match accuracy of greedy answers (real decoding through our sampler, no teacher forcing)."""
+def exact_match_accuracy(
+    model, tokenizer, problems: list[Prompt], max_new_tokens: int = MAX_NEW_TOKENS["tiny"]
+) -> float:
+    """Exact-match accuracy of greedy answers (real decoding through our sampler, no teacher forcing); the
+    response length defaults to the tiny pair's, whose answers are short sums."""
     texts = [format_prompt(tokenizer, p.text) for p in problems]
     rollout = generate(
         model, tokenizer, texts, cfg=RolloutConfig(temperature=0.0, max_new_tokens=max_new_tokens)

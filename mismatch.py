@@ -53,11 +53,18 @@ import torch
 from tqdm import tqdm
 
 from cli import EXPECTED, BadInput, Parser, check_output_file, fail, path_text, positive_int, seed_int
+from config import (
+    DEFAULT_PAIR,
+    DEFAULT_PAIR_HELP,
+    DEFAULT_PROBES,
+    DEVICES,
+    KV_SCALE_PROMPTS,
+    MEASURE_PROBES,
+    PAIRS,
+)
 from port.dumps import write_dump
 from kl import bootstrap_ci, sampled_token_metrics, token_kl
 from models import (
-    DEVICES,
-    PAIRS,
     check_prompts,
     format_prompt,
     head,
@@ -73,9 +80,6 @@ from rollout import (
     response_hidden,
     rollout_config_from_args,
 )
-
-PROBES = {"tiny": 64}  # held-out probe prompts by default (other pairs: DEFAULT_PROBES)
-DEFAULT_PROBES = 16
 
 
 @torch.no_grad()
@@ -188,9 +192,9 @@ def measure_config(pair, cfg: RolloutConfig, probes: list[str], versions=None, k
     the engine's samples of `probes` against the trainer, with the time it took. keep: also return the
     Scored samples (under "scored")."""
     t0 = time.time()
-    calib = [
-        format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:8]
-    ]  # fp8 KV: never eval prompts
+    calib = [  # fp8 KV scales: never eval prompts
+        format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:KV_SCALE_PROMPTS]
+    ]
     engine, train = configured_engine(pair.student, pair.tokenizer, cfg, calib=calib, versions=versions)
     scored = score(engine, train, probes, seed=cfg.seed)
     result = {**summarize(scored, cfg.seed), "seconds": time.time() - t0}
@@ -272,15 +276,21 @@ def print_table(results: list[dict], pair: str) -> None:
 # Command line
 
 
+def probe_defaults() -> str:
+    """'64 tiny, 16 others' for a help string: the probes of one measurement without --probes."""
+    named = ", ".join(f"{n} {pair}" for pair, n in MEASURE_PROBES.items())
+    return f"{named}, {DEFAULT_PROBES} others"
+
+
 def build_parser() -> Parser:
     p = Parser(
         description="Measure each mismatch source of a rollout configuration on the one scale (no training)."
     )
-    p.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    p.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
     p.add_argument(
         "--probes",
         type=positive_int,
-        help=f"held-out probe prompts (default: {PROBES['tiny']} tiny, {DEFAULT_PROBES} others)",
+        help=f"held-out probe prompts (default: {probe_defaults()})",
     )
     p.add_argument(
         "--prompts",
@@ -318,7 +328,7 @@ def probe_prompts(pair, args) -> list[str]:
         raise BadInput(f"--probes {args.probes} with --prompts: every line of --prompts is a probe; drop one")
     texts = [p.text for p in read_prompts(args.prompts)] if args.prompts else None
     if texts is None:
-        n = args.probes or PROBES.get(pair.name, DEFAULT_PROBES)
+        n = args.probes or MEASURE_PROBES.get(pair.name, DEFAULT_PROBES)
         texts = [p.text for p in held_out(pair, n, "--probes")]
     return [format_prompt(pair.tokenizer, t) for t in texts]
 

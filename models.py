@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from cli import EXPECTED, BadInput, Parser, check_output_dir, fail
+from config import CHAT_PAIR, CHAT_PAIR_HELP, DEVICES, PAIRS, STUDENT_LAYERS
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # isort: skip
 from transformers import LlamaConfig, PreTrainedTokenizerFast  # isort: skip
@@ -48,12 +49,6 @@ from transformers.utils import logging as hf_logging  # isort: skip
 ROOT = Path(__file__).resolve().parent
 TINY_DIR = ROOT / "pairs" / "tiny"
 PROMPT_DIR = ROOT / "prompts"
-PAIRS = ("tiny", "smollm2", "gemma3")
-DEVICES = ("auto", "cpu", "cuda")
-# Response length per pair (training, evaluation, probes and check): the one source. tiny's answers are
-# short sums; the chat pairs answer in a few sentences. "custom" is any --teacher/--student pair.
-MAX_NEW_TOKENS = {"tiny": 6, "smollm2": 48, "gemma3": 48, "custom": 48}
-LAYER_DROPPED = {"smollm2": 24, "gemma3": 14}  # decoder layers the student keeps by default (of 30 / 18)
 
 
 @dataclass
@@ -396,7 +391,7 @@ def load_layer_dropped(
             f"{teacher_dir}: the cached conversion cannot be read ({type(e).__name__}); remove "
             "the folder and it is converted again"
         ) from None
-    student = drop_layers(teacher, student_layers or LAYER_DROPPED[name], copy_model=not student_only)
+    student = drop_layers(teacher, student_layers or STUDENT_LAYERS[name], copy_model=not student_only)
     train = read_prompts(PROMPT_DIR / "smollm2_train.jsonl")  # gemma3 shares the instruction files
     return Pair(
         name,
@@ -509,17 +504,17 @@ def load_pair(
 ) -> Pair:
     """The one entry point: an embedded pair by name, or an explicit --teacher/--student.
 
-    student_layers: decoder layers the layer-dropped students keep (None: LAYER_DROPPED).
+    student_layers: decoder layers the layer-dropped students keep (None: STUDENT_LAYERS).
     prompts: a JSONL file that replaces the pair's prompts; every tenth line is held out for evaluation.
     student_only: no teacher (Pair.teacher None), for what never scores with it (the admission check).
     """
     hf_logging.disable_progress_bar()  # per-tensor loading bars drown out the training bars
     if (teacher is None) != (student is None):
         raise BadInput("--teacher and --student must be given together")
-    if student_layers is not None and (teacher is not None or pair not in LAYER_DROPPED):
+    if student_layers is not None and (teacher is not None or pair not in STUDENT_LAYERS):
         raise BadInput(
             f"--student-layers {student_layers}: applies to the layer-dropped pairs "
-            f"({', '.join(LAYER_DROPPED)}) only"
+            f"({', '.join(STUDENT_LAYERS)}) only"
         )
     user = read_prompts(prompts) if prompts is not None else None  # a bad file is refused before loading
     if teacher is not None:
@@ -530,7 +525,7 @@ def load_pair(
         result = Pair("custom", *load_hf_pair(teacher, student, device, student_only=student_only), [], [])
     elif pair == "tiny":
         result = load_tiny(device, student_only)
-    elif pair in LAYER_DROPPED:
+    elif pair in STUDENT_LAYERS:
         result = load_layer_dropped(pair, device, student_layers, student_only=student_only)
     else:
         raise BadInput(
@@ -584,7 +579,7 @@ def main(argv=None) -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     info = sub.add_parser("info", help="load a pair and print its sizes")
-    info.add_argument("--pair", default="smollm2", choices=PAIRS, help="the embedded pair (default smollm2)")
+    info.add_argument("--pair", default=CHAT_PAIR, choices=PAIRS, help=CHAT_PAIR_HELP)
     args = parser.parse_args(argv)
     t0 = time.time()
     try:

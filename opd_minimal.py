@@ -13,8 +13,8 @@ mismatch.py and train.py):
 
 We also print the mismatch itself, KL(π_engine ‖ π_train) per token on the engine's samples.
 The pair is the tiny addition pair committed in pairs/tiny/ (a 3-layer teacher, a 2-layer student). Of
-the project it imports only cli.py, for what every command shares: SIGINT or SIGTERM is one line and exit
-130 / 143, and --noise has the project's bound.
+the project it imports only cli.py, for what every command shares (SIGINT or SIGTERM is one line and exit
+130 / 143, and --noise has the project's bound), and config.py, for the pair's response length.
 
     python opd_minimal.py                 # about 40 s on a 2-core CPU: accuracy 0.31 -> 0.86
     python opd_minimal.py --noise 0.05    # a noisier engine: watch the mismatch column grow
@@ -34,7 +34,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from config import MAX_NEW_TOKENS
+
 PAIR_DIR = Path(__file__).resolve().parent / "pairs" / "tiny"
+MAX_NEW = MAX_NEW_TOKENS["tiny"]  # tokens sampled per response: an answer of at most 4 digits, then <eos>
 
 
 def problems(n, rng):
@@ -97,7 +100,7 @@ def reverse_kl(logp_a, logp_b, mask):
 
 def accuracy(model, tok, rng, n=256):
     prompts, answers = problems(n, rng)
-    ids, _, resp = sample(model, tok, prompts, max_new=6, gen=None, greedy=True)
+    ids, _, resp = sample(model, tok, prompts, max_new=MAX_NEW, gen=None, greedy=True)
     texts = [tok.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(ids, resp)]
     return sum(t == a for t, a in zip(texts, answers)) / n
 
@@ -170,7 +173,7 @@ def main(argv=None):
         engine.load_state_dict(student.state_dict())  # sync
         add_noise(engine, args.noise, gen)  # the mismatch knob
         prompts, _ = problems(args.batch, rng)
-        ids, attn, resp = sample(engine, tok, prompts, max_new=6, gen=gen)
+        ids, attn, resp = sample(engine, tok, prompts, max_new=MAX_NEW, gen=gen)
         mask = resp[:, 1:].float()  # position t-1 predicts token t
 
         logp_s = token_logprobs(student, ids, attn)

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from cli import EXPECTED, BadInput, Parser, fail, positive_float
-from models import PAIRS, cache_arg, format_prompt, load_pair, n_params
+from config import PAIRS
+from models import cache_arg, format_prompt, load_pair, n_params
 
 try:  # torchao is optional: without it the FP8 weight modes refuse with one line, everything else runs
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig  # isort: skip

@@ -53,7 +53,8 @@ from cli import (
 )
 from cli import temperature as temperature_value
 from cpu_decode import fast_path_applies, llama_decode, small_batch_linears
-from models import MAX_NEW_TOKENS, PAIRS, cache_arg, check_prompts, format_prompt, held_out, load_pair
+from config import DEFAULT_PAIR, DEFAULT_PAIR_HELP, MAX_NEW_TOKENS, PAIRS
+from models import cache_arg, check_prompts, format_prompt, held_out, load_pair
 from quant import (
     FP8_WEIGHTS,
     AmaxRecorder,
@@ -74,11 +75,13 @@ KV_SCALES = ("calibrated", "unit")
 
 @dataclass
 class RolloutConfig:
-    """Everything that decides how the engine samples. Saved with every run; each CLI default is read here."""
+    """Everything that decides how the engine samples. Saved with every run; each CLI default is read here.
+    A pair's own values (its response length) come from config.py: RolloutConfig.for_pair."""
 
     temperature: float = 1.0  # 0 = greedy (argmax); 1 = the policy itself
     top_p: float = 1.0  # nucleus sampling; 1 = no truncation
-    # response length limit (EOS usually ends a row earlier); each pair sets its own: models.MAX_NEW_TOKENS
+    # response length limit (EOS usually ends a row earlier); each pair sets its own (config.MAX_NEW_TOKENS,
+    # for_pair): this default is a --teacher/--student pair's
     max_new_tokens: int = MAX_NEW_TOKENS["custom"]
     seed: int = 0  # seeds the sampling generator when the caller passes none, and the weight noise
     ignore_eos: bool = False  # keep sampling past EOS (for benchmarks that need a fixed length)
@@ -121,6 +124,14 @@ class RolloutConfig:
             if not ok:
                 raise BadInput(message)
         self.fp8_skip = tuple(self.fp8_skip)  # a list after a JSON round trip
+
+    @classmethod
+    def for_pair(cls, pair: str, **fields) -> "RolloutConfig":
+        """A config with the pair's response length (config.MAX_NEW_TOKENS: a max_new_tokens that is absent
+        or None takes it), then the other `fields`."""
+        if fields.get("max_new_tokens") is None:
+            fields["max_new_tokens"] = MAX_NEW_TOKENS[pair]
+        return cls(**fields)
 
 
 @dataclass
@@ -531,12 +542,13 @@ def add_rollout_args(g, sampling: bool = True) -> None:
 
 def rollout_config_from_args(args, pair: str) -> RolloutConfig:
     """A RolloutConfig from the add_rollout_args flags (temperature 1 and top-p 1 where they are absent); the
-    response length is --max-new-tokens when given, else the pair's (models.MAX_NEW_TOKENS)."""
+    response length is --max-new-tokens when given, else the pair's (config.MAX_NEW_TOKENS)."""
     d = RolloutConfig()
-    return RolloutConfig(
+    return RolloutConfig.for_pair(
+        pair,
         temperature=getattr(args, "temperature", d.temperature),
         top_p=getattr(args, "top_p", d.top_p),
-        max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS[pair],
+        max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         weights=args.weights,
         fp8_skip=tuple(p for p in args.fp8_skip.split(",") if p),
@@ -550,7 +562,7 @@ def rollout_config_from_args(args, pair: str) -> RolloutConfig:
 def main(argv=None) -> None:
     d = RolloutConfig()
     parser = Parser(description="Sample responses with the rollout engine and print them.")
-    parser.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    parser.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
     parser.add_argument(
         "--n", type=batch_int, default=4, help="number of held-out prompts (default: %(default)s)"
     )
@@ -563,14 +575,19 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--max-new-tokens",
         type=length_int,
-        default=d.max_new_tokens,
-        help="length limit (default: %(default)s)",
+        help="length limit (default: the pair's, "
+        + ", ".join(f"{MAX_NEW_TOKENS[p]} {p}" for p in PAIRS)
+        + ")",
     )
     parser.add_argument("--seed", type=seed_int, default=d.seed, help="sampling seed (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
-        cfg = RolloutConfig(
-            temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
+        cfg = RolloutConfig.for_pair(
+            args.pair,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
         )
         pair = load_pair(args.pair)
         check_prompts(pair, cfg.max_new_tokens)

@@ -67,14 +67,12 @@ from cli import (
     recheck_flags,
     seed_int,
 )
+from config import CHAT_PAIR, CHAT_PAIR_HELP, DEVICES, PAIR_TRAIN, PAIRS
 from evaluate import evaluate
 from loss import ESTIMATORS, opd_loss
 from kl import prefix_shift_kl
 from mismatch import rescored_token_kl
 from models import (
-    DEVICES,
-    MAX_NEW_TOKENS,
-    PAIRS,
     check_prompts,
     format_prompt,
     load_pair,
@@ -114,9 +112,10 @@ from lab.runfiles import (
 
 @dataclass
 class TrainConfig:
-    """One OPD run. Saved in full to runs/<name>/config.json. PAIR_DEFAULTS overrides some fields per pair."""
+    """One OPD run. Saved in full to runs/<name>/config.json. The field defaults are what every pair shares;
+    config.PAIR_TRAIN replaces some of them per pair (pair_config)."""
 
-    pair: str = "smollm2"  # tiny | smollm2 | gemma3 | custom (= --teacher/--student)
+    pair: str = CHAT_PAIR  # tiny | smollm2 | gemma3 | custom (= --teacher/--student)
     teacher: str | None = None  # HF id or local path; replaces --pair
     student: str | None = None
     student_layers: int | None = None  # smollm2/gemma3: decoder layers the student keeps; None = the pair's
@@ -174,31 +173,11 @@ class TrainConfig:
             )
 
 
-# Per-pair settings; every other field takes TrainConfig's default. The checkpoint cadence keeps the time
-# spent saving under 5% of a run: a smollm2 checkpoint (weights + AdamW state) is 1.36 GB.
-PAIR_DEFAULTS = {
-    "tiny": dict(
-        steps=600,
-        batch_size=64,
-        samples_per_prompt=4,
-        lr=1.5e-3,
-        warmup=20,
-        schedule="cosine",
-        eval_every=100,
-        eval_prompts=256,
-        ckpt_every=100,
-    ),
-    "smollm2": dict(steps=12, lr=5e-5, eval_every=6, ckpt_every=0, ckpt_minutes=5.0),
-    "gemma3": dict(steps=12, lr=5e-5, eval_every=4, ckpt_every=0, ckpt_minutes=5.0),
-    "custom": dict(steps=20, lr=5e-5, eval_every=5, ckpt_every=0, ckpt_minutes=5.0),
-}
-
-
 def pair_config(pair: str, **overrides) -> TrainConfig:
-    """A TrainConfig with the pair's default settings (PAIR_DEFAULTS), then `overrides`."""
-    d = dict(PAIR_DEFAULTS[pair])
-    rollout = RolloutConfig(max_new_tokens=MAX_NEW_TOKENS[pair])  # models.py: the one source
-    return TrainConfig(pair=pair, **{**d, "rollout": rollout, **overrides})
+    """A TrainConfig with the pair's default settings (config.PAIR_TRAIN, its response length), then
+    `overrides`."""
+    rollout = RolloutConfig.for_pair(pair)
+    return TrainConfig(pair=pair, **{**PAIR_TRAIN[pair], "rollout": rollout, **overrides})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -611,13 +590,13 @@ def run_or_resume(cfg: TrainConfig) -> list[dict]:
 
 
 def per_pair(key: str) -> str:
-    """'default: 200 tiny, 12 smollm2, ...' for a help string, read from PAIR_DEFAULTS (the one source)."""
-    values = {p: PAIR_DEFAULTS[p].get(key, getattr(TrainConfig, key, None)) for p in PAIR_DEFAULTS}
+    """'default: 600 tiny, 12 smollm2, ...' for a help string, read from config.PAIR_TRAIN."""
+    values = {p: PAIR_TRAIN[p].get(key, getattr(TrainConfig, key, None)) for p in PAIR_TRAIN}
     shown = [f"{v:g} {p}" if isinstance(v, float) else f"{v} {p}" for p, v in values.items()]
     return "default: " + ", ".join(shown)
 
 
-# (flag, type, help) of the training flags whose defaults differ per pair; their help reads PAIR_DEFAULTS.
+# (flag, type, help) of the training flags whose defaults differ per pair; their help reads PAIR_TRAIN.
 PER_PAIR_FLAGS = [
     ("--steps", positive_int, "optimizer steps"),
     ("--batch-size", batch_int, "training prompts per step"),
@@ -659,7 +638,7 @@ def build_parser() -> Parser:
     p = Parser(
         description="On-policy distillation: the student lowers reverse KL to the teacher on its own samples."
     )
-    p.add_argument("--pair", default=d.pair, choices=PAIRS, help="embedded pair (default: %(default)s)")
+    p.add_argument("--pair", default=d.pair, choices=PAIRS, help=CHAT_PAIR_HELP)
     add_pair_files(p)
     p.add_argument("--student-layers", type=positive_int, help="smollm2/gemma3: the student's decoder layers")
     for flag, kind, text in PER_PAIR_FLAGS:
@@ -724,7 +703,7 @@ def add_budget_args(g) -> None:
 
 
 def config_from_args(args) -> TrainConfig:
-    """The pair's TrainConfig (PAIR_DEFAULTS), with every flag the user gave on top."""
+    """The pair's TrainConfig (config.PAIR_TRAIN), with every flag the user gave on top."""
     pair = "custom" if args.teacher else args.pair
     cfg = pair_config(pair)
     given = {

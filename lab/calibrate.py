@@ -66,11 +66,10 @@ from cli import (
     path_text,
     positive_int,
 )
+from config import CHECK_PROBES, DEFAULT_PAIR, DEFAULT_PAIR_HELP, DEVICES, PAIRS, STUDY_TRAIN
 from evaluate import evaluate
 from mismatch import measure_config
 from models import (
-    DEVICES,
-    PAIRS,
     device_label,
     format_prompt,
     held_out,
@@ -244,29 +243,6 @@ def run_point(records: list[dict]) -> dict:
     }
 
 
-# The study's short runs (calibrate, check's stale trajectories, the study) keep the training settings the
-# committed budgets and results were measured with, whatever a pair's demo defaults become; budget.json
-# records them, and a validation trains at the settings its budget records. A pair without an entry uses its
-# defaults. tiny: the demo's schedule (lr 1.5e-3, 20 warm-up steps, cosine) cut to 400 steps, where the
-# analytic baseline learns (greedy accuracy 0.35 -> 0.75-0.77). Each loss's learning rate is its own, chosen
-# by `python -m study lr` (results/lr_<pair>.json, study_recipe) once that sweep is complete.
-STUDY_TRAIN = {
-    "tiny": {"steps": 400},
-    # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise
-    "smollm2": {"eval_prompts": 64},
-}
-# The losses of the study, by label (budget.loss_label): the analytic loss and four sampled-token ones.
-STUDY_LOSSES = {
-    "analytic": {"loss": "analytic"},
-    "sampled": {"loss": "sampled"},
-    "sampled-centered": {"loss": "sampled", "center_advantages": True},
-    "sampled-tis2": {"loss": "sampled", "tis_cap": 2.0},
-    "sampler-is": {"loss": "sampler", "tis_cap": math.inf},  # tinker's estimator
-}
-# The schedule of tiny's first budgets (60 steps at a constant lr 3e-4, where OPD has only begun: greedy
-# accuracy flat), pinned by study.prefix and the GPU check's short runs, and the schedule of the records
-# results/*_60steps.json hold.
-TINY_EARLY = {"steps": 60, "lr": 3e-4, "warmup": 10, "schedule": "constant"}
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -304,8 +280,8 @@ def train_settings(pair: str, **loss) -> dict:
 
 
 def study_config(pair: str, **overrides):
-    """train.pair_config with the study's settings (STUDY_TRAIN, then the loss's own rate, study_recipe) in
-    place of the pair's demo defaults, then the overrides."""
+    """train.pair_config with the study's settings (config.STUDY_TRAIN, then the loss's own rate,
+    study_recipe) in place of the pair's demo defaults, then the overrides."""
     label = loss_label(
         overrides.get("loss", "analytic"),
         overrides.get("tis_cap", 0.0),
@@ -339,6 +315,7 @@ def paired_quality_losses(points: list[dict], tolerance: float) -> tuple[float, 
     tolerance in nats (a fraction of the baseline's improvement over step 0) and the baselines by seed.
     A baseline that did not improve gives no tolerance to judge by: refused, never written."""
     base = {p["seed"]: p["eval_rkl"] for p in points if p["source"] == "baseline"}
+    on = {(p["seed"], p.get("trained_on")): p["eval_rkl"] for p in points if p["source"] == "baseline"}
     improvement = baseline_improvement(points[0]["eval_rkl_start"], points)
     if not improvement > 0:
         raise BadInput(
@@ -346,8 +323,15 @@ def paired_quality_losses(points: list[dict], tolerance: float) -> tuple[float, 
             f"{statistics.fmean(base.values()):.4f}), so there is no tolerance to calibrate against: "
             "train longer (--steps) or change the study's settings; no budget written"
         )
-    for p in points:
-        p["quality_loss"] = p["eval_rkl"] - base[p["seed"]]  # paired with the same-seed baseline
+    for p in points:  # paired with the same-seed baseline trained on the same machine
+        if (p["seed"], p.get("trained_on")) not in on:
+            raise BadInput(
+                f"{p['source']}, seed {p['seed']}, trained on {p.get('trained_on')}, has no baseline of "
+                "its seed trained on that machine: two CPUs' rounding, amplified over hundreds of sampled "
+                "steps, moves a run by about the tolerance, so runs of two machines are not paired; run "
+                "the baseline here (calibrate without --reuse, or with a record of this machine)"
+            )
+        p["quality_loss"] = p["eval_rkl"] - on[(p["seed"], p.get("trained_on"))]
     return tolerance * improvement, base
 
 
@@ -419,7 +403,7 @@ def calibrate(
     seeds: int,
     tolerance: float,
     device: str,
-    n_probes: int = 64,
+    n_probes: int = CHECK_PROBES,
     command: str = "",
     loss: dict | None = None,
     reuse: dict | None = None,
@@ -439,6 +423,7 @@ def calibrate(
         n_probes=n_probes,
         loss=loss,
         reused=reuse["points"] if reuse else [],
+        reused_on=reuse["device"] if reuse else None,
         files=files,
     )
     tol, base = paired_quality_losses(points, tolerance)
@@ -496,11 +481,13 @@ def calibration_points(
     n_probes: int,
     loss: dict,
     reused: list[dict] = (),
+    reused_on: str | None = None,
     files: dict | None = None,
 ) -> list[dict]:
     """One short OPD run per calibration configuration and seed (resumed where finished), each with its
     probe-measured mismatch: the points calibrate fits the budget to. A configuration and seed that
-    `reused` (a recorded calibration's points, same settings) holds is taken from it, marked "reused".
+    `reused` (a recorded calibration's points, same settings) holds is taken from it, marked "reused",
+    with the machine it trained on (its own trained_on, else `reused_on`, the record's device).
     `files`: the --teacher/--student/--prompts the pair loads (models.pair_files), for the runs too."""
     files = files or {}
     plan = [
@@ -513,7 +500,8 @@ def calibration_points(
     for label, over, seed in tqdm(plan, desc=f"calibrating {pair}", unit="run"):
         old = recorded.get((label, seed))
         if old is not None and all(old.get(k) == v for k, v in over.items()):
-            points.append({**{k: v for k, v in old.items() if k != "quality_loss"}, "reused": True})
+            kept = {k: v for k, v in old.items() if k != "quality_loss"}
+            points.append({"trained_on": reused_on, **kept, "reused": True})
             continue
         name = run_name(label, seed)
         run = short_run(out / "runs", pair, name, seed=seed, device=device, rollout_over=over, **train_over)
@@ -532,6 +520,7 @@ def calibration_points(
                 "seed": seed,
                 **over,
                 **run,
+                "trained_on": device_label(device),
                 "train_mismatch": run["mismatch"],
                 "mismatch": probe["mismatch_kl"],
                 "mismatch_ci": [probe["ci_low"], probe["ci_high"]],
@@ -572,8 +561,12 @@ def reused_record(path: Path, wanted: dict) -> dict:
                 f"--reuse {path}: its {key} is {json.dumps(record.get(key))}, this calibration's is "
                 f"{json.dumps(wanted[key])}; only a calibration at the same settings can be reused"
             )
-    where = trained_on(record)
-    return {"path": str(path), "points": record["points"], "noise": record["noise"], "device": where}
+    earlier = (record.get("reused") or {}).get("trained_on")
+    points = [  # each point with the machine it trained on, where the record tells it apart
+        {"trained_on": earlier if p.get("reused") and earlier else str(record.get("device")), **p}
+        for p in record["points"]
+    ]
+    return {"path": str(path), "points": points, "noise": record["noise"], "device": trained_on(record)}
 
 
 def trained_on(record: dict) -> str:
@@ -779,7 +772,7 @@ def plot_budget(budget: dict, path: Path) -> None:
 
 def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    parser.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
     # train.py's flags for any Hugging Face pair: the budget.json names these models
     add_pair_files(parser)  # the held-out tenth of --prompts are the probes
     parser.add_argument("--out", type=path_text, help="output folder (default: budgets/<pair>[/<loss>])")
@@ -814,7 +807,7 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--probes",
         type=positive_int,
-        default=64,
+        default=CHECK_PROBES,
         help="held-out probes per configuration (default: %(default)s)",
     )
     parser.add_argument(

@@ -13,7 +13,7 @@ measurements summarised into results/ (a JSON file and a plot each). One module 
 
 Run them as `python -m study <experiment> ...`; finished runs are reused and killed ones resume
 (train.run_or_resume), so any command can be rerun. The training settings of every study run are
-lab.calibrate.study_config's (STUDY_TRAIN, and each loss's own rate once `lr` has chosen it; validate
+lab.calibrate.study_config's (config.STUDY_TRAIN, and each loss's own rate once `lr` has chosen it; validate
 trains at the settings its budget records), except rl's, which pins its own (study.opd_vs_rl.RL_COMMON) so
 that GRPO learns, and prefix's (study.prefix.PREFIX_TRAIN).
 """

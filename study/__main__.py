@@ -20,13 +20,23 @@ cli.exit_on_signals(__name__, note=cli.RERUN)
 from pathlib import Path
 
 from cli import EXPECTED, Parser, fail, path_text, positive_float, positive_int, seed_int
-from mismatch import DEFAULT_PROBES, PROBES
-from models import DEVICES, PAIRS, resolve_device
+from config import (
+    CHAT_PAIR,
+    CHAT_PAIR_HELP,
+    CHECK_PROBES,
+    DEFAULT_PAIR,
+    DEFAULT_PAIR_HELP,
+    DEFAULT_PROBES,
+    DEVICES,
+    PAIRS,
+)
+from mismatch import probe_defaults
+from models import resolve_device
 from quant import FP8_WEIGHTS
 from rollout import RolloutConfig, add_rollout_args
 from study.coverage import DRAWS, SIZE, run_coverage
 from study.drift import drift, drift_table
-from study.lr import LR_SEEDS, lr_sweep
+from study.lr import LR_SEEDS, lr_sweep, lr_table
 from study.opd_vs_rl import rl, rl_table
 from study.prefix import prefix, prefix_table
 from study.report import report
@@ -42,7 +52,7 @@ def add_measurement_parsers(sub) -> None:
     src.add_argument(
         "--probes",
         type=positive_int,
-        help=f"held-out probes (default: {PROBES['tiny']} tiny, {DEFAULT_PROBES} others)",
+        help=f"held-out probes (default: {probe_defaults()})",
     )
     src.add_argument("--json", action="store_true", help="print JSON rows")
     src.add_argument(
@@ -54,7 +64,7 @@ def add_measurement_parsers(sub) -> None:
     )
     sens.add_argument("--weights", default="fp8", choices=FP8_WEIGHTS, help="(default: %(default)s)")
     sens.add_argument(
-        "--probes", type=positive_int, default=16, help="held-out probes (default: %(default)s)"
+        "--probes", type=positive_int, default=DEFAULT_PROBES, help="held-out probes (default: %(default)s)"
     )
     sens.add_argument(
         "--max-new-tokens", type=positive_int, default=32, help="probe response length (default: %(default)s)"
@@ -66,7 +76,7 @@ def add_measurement_parsers(sub) -> None:
         "--out", type=path_text, default="results", help="folder for the plot and JSON (default: %(default)s)"
     )
     for sp in (src, sens):
-        sp.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+        sp.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
 
 
 def add_validate_parser(sub) -> None:
@@ -74,7 +84,7 @@ def add_validate_parser(sub) -> None:
     v = sub.add_parser(
         "validate", help="admission check verdicts vs real training runs on held-out configurations"
     )
-    v.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    v.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
     v.add_argument("--budget", type=path_text, help="budget.json (default: budgets/<pair>/budget.json)")
     v.add_argument(
         "--seeds",
@@ -86,7 +96,7 @@ def add_validate_parser(sub) -> None:
     v.add_argument(
         "--probes",
         type=positive_int,
-        default=64,
+        default=CHECK_PROBES,
         help="most probe prompts for each check (default: %(default)s)",
     )
     v.add_argument(
@@ -112,10 +122,10 @@ def build_parser() -> Parser:
     lr = sub.add_parser(
         "lr", help="each loss's clean baseline at several learning rates; the rate it trains at"
     )
-    lr.add_argument("--pair", default="tiny", choices=PAIRS, help="the pair (default: %(default)s)")
+    lr.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
     lr.add_argument("--seeds", type=positive_int, help="seeds per loss and rate (default: 3 tiny, 2 others)")
     a = sub.add_parser("async", help="sync/async × bf16/fp8 time-to-quality")
-    a.add_argument("--pair", default="smollm2", choices=PAIRS, help="the pair (default: %(default)s)")
+    a.add_argument("--pair", default=CHAT_PAIR, choices=PAIRS, help=CHAT_PAIR_HELP)
     a.add_argument("--steps", type=positive_int, default=8, help="steps per run (default: %(default)s)")
     add_measurement_parsers(sub)
     cov = sub.add_parser("coverage", help="how often a dump's CI misses the exact KL (k3-only and top-k)")
@@ -158,7 +168,7 @@ def main(argv=None) -> None:
             print(validation_table(result))
         elif args.cmd == "lr":
             result = lr_sweep(args.pair, args.seeds or LR_SEEDS[args.pair], device)
-            print(f"chosen rates: {result['chosen'] or 'none yet (sweep incomplete)'}")
+            print(lr_table(result))
         elif args.cmd == "rl":
             print(rl_table(rl(args.seeds, device)))
         elif args.cmd == "prefix":

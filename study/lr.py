@@ -1,8 +1,8 @@
 """lr: each loss's clean baseline at several learning rates, and the rate each loss trains at in the study.
 
-Every loss of the study (lab.calibrate.STUDY_LOSSES) trains its clean baseline (the fp32 engine, fresh
+Every loss of the study (config.STUDY_LOSSES) trains its clean baseline (the fp32 engine, fresh
 weights: no mismatch source) at every rate of LR_GRID[pair], `seeds` seeds each, at the study's schedule
-otherwise (lab.calibrate.STUDY_TRAIN). A run *diverged* when its final held-out reverse KL is above its
+otherwise (config.STUDY_TRAIN). A run *diverged* when its final held-out reverse KL is above its
 step-0 value, or when training stopped on a non-finite loss. Each loss's rate is chosen in the open:
 
     rate(loss) = the rate with the lowest mean final held-out reverse KL among the rates where no seed
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from budget import json_cap
 from cli import NonFinite
-from lab.calibrate import STUDY_LOSSES, short_run, train_settings
+from config import STUDY_LOSSES
+from lab.calibrate import short_run, train_settings
 from models import device_label
 from study.common import RESULTS, mean_sd, plt_axes, save_figure, slug, write
 
@@ -188,3 +189,38 @@ def plot_lr(result: dict, path: Path) -> None:
     ax.legend(fontsize=8)
     title = f"{result['pair']}: clean baselines by learning rate (circled: chosen; x: diverged)"
     save_figure(None, fig, path, title=title)
+
+
+def lr_table(result: dict) -> str:
+    """A markdown table: one row per loss, one column per rate, each cell the mean ± seed SD of the final
+    held-out reverse KL over the seeds run (n), diverged seeds counted; the chosen rate last."""
+    grid = result["grid"]
+    rows = [
+        "| loss | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
+        "|---|" + "---|" * (len(grid) + 1),
+    ]
+    for label in result["losses"]:
+        cells = []
+        for lr in grid:
+            c = next((c for c in result["cells"] if c["loss"] == label and c["lr"] == lr), None)
+            if c is None or c["seeds"] == 0:
+                cells.append("not run")
+                continue
+            value = (
+                "diverged"
+                if c["eval_rkl_mean"] is None
+                else f"{c['eval_rkl_mean']:.3f} ± {c['eval_rkl_sd']:.3f}"
+            )
+            cells.append(
+                f"{value} (n {c['seeds']}" + (f", {c['diverged']} diverged)" if c["diverged"] else ")")
+            )
+        chosen = result["chosen"].get(label)
+        rows.append(
+            f"| {label} | " + " | ".join(cells) + f" | {chosen:g} |"
+            if chosen
+            else f"| {label} | " + " | ".join(cells) + " | — |"
+        )
+    state = (
+        "complete" if result["complete"] else "incomplete: no rate chosen yet; rerun the command to continue"
+    )
+    return "\n".join(rows) + f"\n\nFinal held-out reverse KL, nats/token ({state}; {result['device']})."

@@ -6,7 +6,7 @@ estimators as σ grows: analytic (immune to the per-token part), sampled-token, 
 
 from pathlib import Path
 
-from lab.calibrate import TINY_EARLY
+from config import TINY_EARLY
 from models import device_label
 from lab.runfiles import read_metrics
 from study.common import (
@@ -32,7 +32,7 @@ PREFIX_ESTIMATORS = {
 }
 PREFIX_SIGMAS = (0.0, 0.1, 0.3, 0.5, 1.0)
 # The settings results/prefix_tiny.json was measured with (tiny's 64 prompts × 4 samples, 60 steps at a
-# constant lr 3e-4: calibrate.TINY_EARLY), pinned so the command reproduces it whatever the study's become.
+# constant lr 3e-4: config.TINY_EARLY), pinned so the command reproduces it whatever the study's become.
 PREFIX_TRAIN = dict(**TINY_EARLY, eval_every=0)
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from lab.calibrate import paired_loss_gate
 from cli import BadInput, atomic_write_text
-from models import PAIRS
+from config import PAIRS
 from study.common import RESULTS
 from study.coverage import coverage_table
 from study.drift import drift_table
+from study.lr import lr_table
 from study.losses import (
     budget_interval,
     budget_text,
@@ -207,6 +208,10 @@ def result_sections() -> list[str]:
             )
             for p in VALIDATION
             for loss in validated_losses(p)
+        ],
+        *[
+            (f"lr_{p}", f"Each loss's learning rate: {p}", f"python -m study lr --pair {p}", lr_table)
+            for p in ("tiny", "smollm2")
         ],
         ("coverage", "Dump coverage", "python -m study coverage", coverage_block),
         ("rl_tiny", "OPD vs GRPO", "python -m study rl", rl_table),

@@ -37,7 +37,7 @@ def sensitivity(
     mode: str,
     n_probes: int,
     target: float | None = None,
-    max_new_tokens: int = 48,
+    max_new_tokens: int = RolloutConfig.max_new_tokens,
     progress: bool = True,
 ) -> dict:
     """Mismatch with one decoder block in FP8 at a time, and a greedy recipe meeting `target`."""

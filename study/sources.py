@@ -7,7 +7,8 @@ steps ago (admit.stale_versions: the study's training settings, seed 0, from the
 
 from admit import stale_versions
 from lab.calibrate import train_settings
-from mismatch import DEFAULT_PROBES, PROBES, measure_sources, print_results
+from config import DEFAULT_PROBES, MEASURE_PROBES
+from mismatch import measure_sources, print_results
 from models import format_prompt, held_out, load_pair
 from rollout import rollout_config_from_args
 
@@ -15,7 +16,7 @@ from rollout import rollout_config_from_args
 def run_sources(args, device: str) -> None:
     cfg = rollout_config_from_args(args, pair=args.pair)
     pair = load_pair(args.pair, device=device)
-    n = args.probes or PROBES.get(args.pair, DEFAULT_PROBES)
+    n = args.probes or MEASURE_PROBES.get(args.pair, DEFAULT_PROBES)
     probes = [format_prompt(pair.tokenizer, p.text) for p in held_out(pair, n, "--probes")]
     settings = train_settings(args.pair)
     versions = stale_versions(pair, cfg.staleness, settings, device=device)[0] if cfg.staleness else None

@@ -1,10 +1,10 @@
-"""The budget fit, the verdict rule, and admit.py's CLIs."""
+"""The verdict rule, and admit.py's CLIs against a calibration `python -m lab.calibrate` writes here (the
+budget fit itself: tests/test_calibrate.py)."""
 
 import json
 import math
 import os
 import random
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -13,120 +13,8 @@ import pytest
 
 from admit import budget_band, judge, verdict
 from budget import SCHEMA_VERSION
-from lab.calibrate import budget_ci, fit_budget, isotonic, paired_loss_sd, refuse_noise
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def test_isotonic_is_monotone_and_least_squares():
-    assert isotonic([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]
-    y = [random.Random(0).gauss(0, 1) for _ in range(50)]
-    fit = isotonic(y)
-    assert all(a <= b + 1e-12 for a, b in zip(fit, fit[1:]))
-    assert abs(sum(fit) - sum(y)) < 1e-9  # PAV preserves the mean
-
-
-def knee_points(knee=0.01, slope=50.0, noise=0.0, seed=0):
-    """Quality loss 0 up to the knee, then linear: the fit must find where it crosses the tolerance."""
-    rng = random.Random(seed)
-    xs = [0.0005 * 1.5**i for i in range(16)]
-    return xs, [max(0.0, slope * (x - knee)) + rng.gauss(0, noise) for x in xs]
-
-
-def test_fit_returns_the_known_knee():
-    xs, ys = knee_points()
-    tol = 0.2  # the truth crosses it at 0.014, between two grid points on the linear part
-    fit = fit_budget(xs, ys, tol)
-    assert fit["how"] == "crossing"
-    assert abs(fit["budget"] - (0.01 + tol / 50)) < 1e-9  # interpolation is exact on a linear segment
-    # With a tolerance whose crossing falls next to the kink, the estimate stays between the grid points.
-    small = fit_budget(xs, ys, 0.05)["budget"]
-    assert xs[7] <= small <= xs[8] and abs(small - 0.011) < 0.0015
-
-
-def test_fit_is_robust_to_one_noisy_point():
-    xs, ys = knee_points()
-    ys[3] = 0.2  # one wild run below the knee
-    fit = fit_budget(xs, ys, 0.05)
-    assert fit["budget"] >= xs[2], (
-        "the outlier is pooled with its neighbours, not taken as the crossing alone"
-    )
-    assert all(a <= b for a, b in zip(fit["fit"], fit["fit"][1:]))
-    clean = fit_budget(*knee_points(), 0.05)["budget"]
-    xs2, ys2 = knee_points()
-    ys2[12] += 0.5  # and one noisy point above the knee does not move it
-    assert fit_budget(xs2, ys2, 0.05)["budget"] == pytest.approx(clean)
-
-
-def test_fit_edge_cases():
-    assert fit_budget([0.1, 0.2], [0.0, 0.01], 0.05)["how"] == "all-within"
-    for ys in ([0.0, 0.0, 0.08], [0.0, 0.08, 0.0]):  # tied mismatches are pooled in any input order
-        assert fit_budget([0.1, 0.2, 0.2], ys, 0.05)["how"] == "all-within"
-    assert (
-        fit_budget([0.1, 0.2], [0.3, 0.4], 0.05) | {}
-        and fit_budget([0.1, 0.2], [0.3, 0.4], 0.05)["budget"] == 0.0
-    )
-
-
-def test_paired_loss_sd_is_the_pooled_within_configuration_sd():
-    """Against statistics.variance per configuration, pooled by degrees of freedom; the baseline is left out."""
-    rng = random.Random(1)
-    losses = {"a": [rng.gauss(0, 1) for _ in range(2)], "b": [rng.gauss(3, 1) for _ in range(4)], "c": [0.5]}
-    points = [{"source": k, "quality_loss": x} for k, v in losses.items() for x in v]
-    points += [{"source": "baseline", "quality_loss": 0.0}] * 3
-    pooled = (statistics.variance(losses["a"]) * 1 + statistics.variance(losses["b"]) * 3) / 4
-    assert abs(paired_loss_sd(points) - pooled**0.5) < 1e-12
-    assert paired_loss_sd([{"source": "c", "quality_loss": 0.5}]) is None
-    near = abs(sum(losses["a"]) / 2) + 0.1  # "b", mean near 3, is far beyond: left out
-    assert abs(paired_loss_sd(points, near=near) - statistics.stdev(losses["a"])) < 1e-12
-
-
-def calibration_like(losses_by_seed: list[list[float]]) -> list[dict]:
-    """Points as calibrate writes them: a baseline (start 1.0, final 0.0: improvement 1) and one
-    configuration per knee_points x, with one paired loss per seed."""
-    xs = knee_points()[0]
-    points = [
-        {"source": "baseline", "mismatch": 0.0, "quality_loss": 0.0, "eval_rkl_start": 1.0, "eval_rkl": 0.0}
-        for _ in losses_by_seed
-    ]
-    for i, x in enumerate(xs):
-        points += [{"source": f"c{i}", "mismatch": x, "quality_loss": ys[i]} for ys in losses_by_seed]
-    return points
-
-
-def test_budget_ci_brackets_the_budget_and_collapses_without_seed_spread():
-    ys = knee_points()[1]
-    same = budget_ci(calibration_like([ys, ys]), 0.2, draws=200)
-    assert same["lo"] == same["hi"] == pytest.approx(fit_budget(knee_points()[0], ys, 0.2)["budget"])
-    ys2 = knee_points(knee=0.02)[1]  # the second seed breaks later
-    ci = budget_ci(calibration_like([ys, ys2]), 0.2, draws=400)
-    budgets = [fit_budget(knee_points()[0], y, 0.2)["budget"] for y in (ys, ys2)]
-    assert min(budgets) - 1e-12 <= ci["lo"] < ci["hi"] <= max(budgets) + 1e-12
-    # Only seed 1's last point exceeds the tolerance: a draw crosses only when it takes that point twice
-    # (1 in 4; once, it is pooled with seed 0's 0 at the same mismatch: 0.15); otherwise the budget lies
-    # beyond the largest mismatch tried.
-    flat = budget_ci(calibration_like([[0.0] * 16, [0.0] * 15 + [0.3]]), 0.2, draws=400)
-    assert flat["hi"] is None and flat["lo"] is not None, "all-within draws read as +inf"
-    assert 0.65 < flat["beyond_largest_mismatch"] < 0.85
-    json.dumps(flat, allow_nan=False)  # and stay valid JSON
-
-
-def test_a_tolerance_under_two_standard_errors_writes_no_budget(tmp_path):
-    """Seed noise larger than half the tolerance: refused with one line naming both, the would-be budget kept
-    in refused.json; enough seeds, or one seed (no spread to judge by), pass."""
-    from cli import BadInput
-
-    noisy = {"tolerance_at_least_2se": False, "tolerance_over_se": 0.3, "paired_loss_se": 0.29}
-    budget = {"noise": noisy, "tolerance": {"nats": 0.087}}
-    with pytest.raises(BadInput, match=r"0\.0870 nats, is 0\.30 standard errors .* no budget written"):
-        refuse_noise(budget, tmp_path)
-    assert json.loads((tmp_path / "refused.json").read_text()) == budget
-    for passed, over_se in ((True, 4.7), (None, None)):
-        noise = {**noisy, "tolerance_at_least_2se": passed, "tolerance_over_se": over_se}
-        refuse_noise({**budget, "noise": noise}, tmp_path)
-        # a passing calibration removes the earlier refusal's file
-        assert not (tmp_path / "budget.json").exists() and not (tmp_path / "refused.json").exists()
-        (tmp_path / "refused.json").write_text("{}")
 
 
 def test_a_stale_candidate_against_a_sampled_token_budget_is_judged_on_the_staleness_axis():
@@ -254,6 +142,7 @@ def calibrated(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_calibrate_writes_a_valid_budget_and_plot(calibrated):
     budget = json.loads((calibrated / "budget.json").read_text())
     assert (
@@ -279,6 +168,7 @@ def test_calibrate_writes_a_valid_budget_and_plot(calibrated):
     assert noise["paired_loss_se"] is None, "one seed: no across-seed spread to measure"
 
 
+@pytest.mark.slow
 def test_calibrate_resumes_finished_runs(calibrated):
     before = (calibrated / "runs" / "baseline-seed0" / "metrics.jsonl").read_text()
     probe = calibrated / "runs" / "noise_0.1-seed0" / "probe.json"
@@ -310,6 +200,7 @@ def test_calibrate_resumes_finished_runs(calibrated):
     assert noise.stat().st_mtime_ns == noised, "and the evaluation-noise measurement"
 
 
+@pytest.mark.slow
 def test_calibrate_with_other_steps_never_reuses_or_overwrites_the_longer_runs(calibrated):
     """A 1-step calibration over the 2-step one: the finished 2-step runs have no evaluation at step 1, so
     they are not reused (their metrics would give a tolerance of 0), and they are not redone over: one line,
@@ -336,17 +227,7 @@ def test_calibrate_with_other_steps_never_reuses_or_overwrites_the_longer_runs(c
     assert {p: p.read_bytes() for p in calibrated.rglob("*") if p.is_file()} == files
 
 
-def test_a_reused_calibration_says_where_its_points_trained():
-    from lab.calibrate import trained_on
-
-    fresh, old = {"source": "noise 0.1"}, {"source": "noise 0.3", "reused": True}
-    assert trained_on({"device": "A", "points": [fresh]}) == "A"
-    assert trained_on({"device": "A", "points": [old], "reused": {"trained_on": "B"}}) == "B"
-    assert trained_on({"device": "A", "points": [fresh, old], "reused": {"trained_on": "B"}}) == "A and B"
-    assert trained_on({"device": "A", "points": [fresh, old], "reused": {"trained_on": "A"}}) == "A"
-    assert trained_on({"device": "A", "points": [old], "reused": {"points": 1}}) == "A", "an older record"
-
-
+@pytest.mark.slow
 def test_calibrate_reuses_a_recorded_calibration_without_its_runs(calibrated, tmp_path):
     """--reuse a committed budget.json (no runs on disk): its configurations are taken as recorded, only the
     added noise level is run, the tolerance is refitted from the same points; a record made at other
@@ -378,6 +259,7 @@ def test_calibrate_reuses_a_recorded_calibration_without_its_runs(calibrated, tm
     assert new["tolerance"]["nats"] == pytest.approx(4 * old["tolerance"]["nats"])  # 20% against 5%
 
 
+@pytest.mark.slow
 def test_check_gives_a_verdict(calibrated):
     result = cli(
         "check",
@@ -444,6 +326,7 @@ def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
     assert abs(dump_estimate(read_dump(tmp_path / "dump.pt"))["mismatch_kl"] - k3["mismatch_kl"]) < 1e-9
 
 
+@pytest.mark.slow
 def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
     from port.dumps import write_dump
     from mismatch import measure_config
@@ -478,6 +361,7 @@ def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
     assert out["verdict"] == "reject" and result.returncode == 1, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_budget_holds_for_its_loss_only(tmp_path):
     """Calibrated for tinker's estimator (sampler advantage, uncapped IS): the committed budget says so, a
     check without --loss gives a verdict for that loss, and a check for another loss is refused with one line.

@@ -385,6 +385,17 @@ TRAIN = [
     (["--lr", "1e39"], "--lr"),
     (["--steps", str(2**40)], "--steps"),
     (["--loss", "grpo", "--samples-per-prompt", "1"], "--samples-per-prompt 1"),
+    # a budget: calibrated for this pair and loss, and the only thing --over-budget stop can watch
+    (
+        ["--budget", str(ROOT / "budgets/smollm2/budget.json")],
+        "calibrated for pair 'smollm2', not --pair tiny",
+    ),
+    (
+        ["--budget", str(ROOT / "budgets/tiny/budget.json"), "--loss", "sampled"],
+        "calibrated for loss analytic",
+    ),
+    (["--budget", str(ROOT / "budgets/tiny/budget.json"), "--loss", "grpo"], "--budget with --loss grpo"),
+    (["--over-budget", "stop"], "--over-budget stop: needs --budget"),
     # prompts: encodable, in the vocabulary, inside the context; the held-out set disjoint from training
     (["--prompts", "surrogate.jsonl"], "cannot encode"),
     (["--prompts", "alien.jsonl"], "vocabulary"),
@@ -1005,6 +1016,7 @@ def test_a_folder_holding_only_a_dead_runs_lock_can_be_started(tmp_path, monkeyp
     assert [r["step"] for r in metric_lines(run_dir)] == [0, 1] and not (run_dir / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_two_processes_racing_for_one_new_name_never_overwrite_a_run(tmp_path, monkeypatch):
     """The slower process passes the early "folder exists" check before the faster one starts, then loads
     its pair until the faster run has finished: under the lock it finds the finished run and is refused."""
@@ -1059,6 +1071,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return root / "runs" / "full"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_at_a_safe_point_and_the_resume_is_exact(
     tmp_path, monkeypatch, capsys, uninterrupted, signum
@@ -1332,6 +1345,7 @@ def test_a_run_id_binds_each_checkpoint_and_a_folder_from_before_run_ids_still_r
     assert [r["step"] for r in metric_lines(run_dir)] == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_name_of_bytes_that_are_not_utf8_is_refused_before_any_work(tmp_path):
     """The bytes themselves on a real command line (train.py --name $'r\\xff'): one line, exit 2, nothing."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

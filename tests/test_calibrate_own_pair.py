@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # every test runs a calibration or a CLI in a subprocess
 
 
 def run_cli(*args, cwd, module="lab.calibrate"):

@@ -36,6 +36,7 @@ def pools(tiny_pair):
     return {cell: [sample_draw(tiny_pair, over, 16, 64, i) for i in range(DRAWS)] for cell, over in CELLS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", [c for c, _ in CELLS])
 @pytest.mark.parametrize("top", [False, True], ids=["k3", "top-k"])
 def test_the_interval_covers_the_exact_kl_in_every_cell(pools, cell, top):
@@ -44,6 +45,7 @@ def test_the_interval_covers_the_exact_kl_in_every_cell(pools, cell, top):
     assert result["flagged"] == 0, "our own engine's dumps are readable"
 
 
+@pytest.mark.slow
 def test_the_plain_k3_interval_is_what_under_covers(pools):
     """The bound above can fail: the k3 estimator's percentile interval alone misses at σ = 1."""
     assert judge_draws(pools["noise 1.0"], top=False)["miss_plain"] > 4 * MISS_BOUND

@@ -88,6 +88,7 @@ def helps() -> dict:
         return dict(zip(TARGETS, pool.map(run_help, TARGETS)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", sorted(TARGETS), ids=" ".join)
 def test_readme_command_answers_help_and_knows_its_flags(target, helps):
     done = helps[target]

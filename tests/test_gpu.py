@@ -21,7 +21,8 @@ from quant import HAVE_TORCHAO, KVScales, fp8_dyn_available, fp8_kv_cache, quant
 from rollout import RolloutConfig, RolloutEngine, decode, encode_prompts, generate, positions, prefill
 from lab.runfiles import load_checkpoint
 from tools import gpu_check
-from lab.calibrate import TINY_EARLY, study_config
+from config import TINY_EARLY
+from lab.calibrate import study_config
 from train import run
 
 from transformers import DynamicCache  # isort: skip
@@ -125,9 +126,10 @@ def test_fp8_dyn_rounds_like_fp8_emu(cuda_pair):
     assert dyn_emu < 0.25 * bf16_emu, f"fp8-dyn vs fp8-emu {dyn_emu:.3g}, bf16 vs fp8-emu {bf16_emu:.3g}"
 
 
+@pytest.mark.slow
 @gpu
 def test_twenty_step_tiny_run_lowers_held_out_kl_and_its_checkpoint_loads_on_cpu(tmp_path):
-    """20 steps at the settings of tiny's early budgets (calibrate.TINY_EARLY: 64 prompts × 4 samples,
+    """20 steps at the settings of tiny's early budgets (config.TINY_EARLY: 64 prompts × 4 samples,
     lr 3e-4 constant, warm-up 10) lower the held-out reverse KL on CUDA; the checkpoint the CUDA run writes
     loads on CPU."""
     cfg = study_config(
@@ -204,6 +206,7 @@ def test_fp8_weights_without_torchao_are_one_bad_input_line(tiny_pair, monkeypat
         quantize_weights(copy.deepcopy(tiny_pair.student), "fp8")
 
 
+@pytest.mark.slow
 def test_everything_but_fp8_weights_runs_without_torchao(tmp_path):
     """With torchao unimportable (as on the GPU machine), train.py, mismatch.py and admit.py import, a bf16 +
     FP8 KV engine samples, and --weights fp8 is one line, exit 2, before the run folder is made."""
@@ -225,6 +228,7 @@ def test_everything_but_fp8_weights_runs_without_torchao(tmp_path):
     assert "torchao" in bad.stderr and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_writes_its_json(tmp_path):
     """tools/gpu_check.sh --dry-run: every step on CPU at toy sizes, into $OUT/gpu_dry_run.json."""
     env = {**os.environ, "OUT": str(tmp_path), "HF_HUB_OFFLINE": "1"}
@@ -261,6 +265,7 @@ def test_time_to_target_counts_training_seconds_up_to_the_first_evaluation_at_th
     assert gpu_check.time_to_target(records, 2.0) == 7.0 and gpu_check.time_to_target(records, 1.0) is None
 
 
+@pytest.mark.slow
 def test_gpu_check_without_a_gpu_is_one_line_exit_2(tmp_path):
     if CUDA:
         pytest.skip("this machine has a CUDA device")

@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # modules of study/ and tools/ share their package's layer and may import each other. DESIGN.md explains it.
 LAYERS = {
     "cli": 0,  # errors, exit codes, argparse converters, logger setup
+    "config": 0,  # every default, as plain data: the pairs table, the study's settings, probe counts
     "models": 1,  # pairs, prompts, devices, the output head
     "budget": 1,  # the budget file: schema, reading, the loss it holds for
     "lab.runfiles": 1,  # the run folder: atomic writes, checkpoints, the lock, the resume diff

@@ -8,7 +8,11 @@ learning rate (1.5e-3): 20 steps of it raise the held-out reverse KL before the 
 down, so the test uses the lower rate.
 """
 
+import pytest
+
 from train import pair_config, run
+
+pytestmark = pytest.mark.slow  # 20 training steps
 
 STEPS = 20
 MARGIN = 0.05  # nats/token

@@ -203,18 +203,6 @@ def test_a_mismatched_engine_biases_each_estimator_as_its_formula_says():
     assert gap[("sampled", 0.0)] > 0.05 and gap[("sampler", float("inf"))] > 0.05, gap
 
 
-def test_token_kl_in_blocks_equals_one_pass():
-    """kl.token_kl works KL_ROWS rows at a time; the same numbers as one float64 pass over every row."""
-    from kl import KL_ROWS, token_kl
-
-    torch.manual_seed(0)
-    engine_N_V = torch.randn(3 * KL_ROWS + 5, 300)
-    train_N_V = engine_N_V + 0.01 * torch.randn_like(engine_N_V)
-    logp_e, logp_t = torch.log_softmax(engine_N_V.double(), -1), torch.log_softmax(train_N_V.double(), -1)
-    assert torch.equal(token_kl(engine_N_V, train_N_V), (logp_e.exp() * (logp_e - logp_t)).sum(-1))
-    assert token_kl(engine_N_V[:0], train_N_V[:0]).shape == (0,)
-
-
 def enumerated_gradient(student, teacher, engine_logp, *, estimator, weights, b):
     """E_{y~π_e}[∇ of one token's loss term −w(y)(A(y) − b) log p(y)], summed over the whole vocabulary."""
     from loss import advantage

@@ -37,6 +37,7 @@ def test_the_course_has_its_notebooks():
     assert names == ["00", "01", "02", "03", "04", "05", "06"], names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_in_short_mode_with_the_answers(path, tmp_path, monkeypatch):
     nb = nbformat.read(path, as_version=4)
@@ -46,6 +47,7 @@ def test_notebook_runs_in_short_mode_with_the_answers(path, tmp_path, monkeypatc
     assert text.count(": correct") == checks, f"{text.count(': correct')} checks passed of {checks}"
 
 
+@pytest.mark.slow
 def test_every_stub_fails_its_check_with_a_message(tmp_path, monkeypatch):
     """All notebooks' setup, exercise and check cells, in one kernel, with the stubs left as they ship."""
     merged = nbformat.v4.new_notebook()

@@ -268,7 +268,7 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
 
 def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
     """A committed budget's recorded command reproduces it: its train_settings and steps are what
-    calibrate.study_config gives its pair and loss today (STUDY_TRAIN)."""
+    calibrate.study_config gives its pair and loss today (config.STUDY_TRAIN)."""
     from budget import read_budget
     from lab.calibrate import study_config, train_settings
 
@@ -310,7 +310,7 @@ def test_validate_reuse_takes_a_recorded_validations_runs_and_trains_nothing(tmp
 def test_lr_choice_is_the_best_mean_among_rates_where_no_seed_diverged():
     """study.lr.choose: per loss, the lowest mean final eval reverse KL among rates with every seed finished
     and none diverged; a rate whose one seed diverged is never chosen, however good its other seeds."""
-    from lab.calibrate import STUDY_LOSSES
+    from config import STUDY_LOSSES
     from study.lr import choose
 
     grid, seeds = (1e-4, 3e-4, 1e-3), 2

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from cli import EXPECTED, BadInput, Parser, fail
 from budget import read_budget
+from config import CHAT_PAIR, CHAT_PAIR_HELP
 from tools.machine import cpu_facts
 
 CANDIDATES = [
@@ -49,7 +50,7 @@ def run_check(budget: str, pair: str, flags: str) -> dict:
 
 def main(argv=None) -> None:
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--pair", default="smollm2", choices=("tiny", "smollm2"), help="(default: %(default)s)")
+    p.add_argument("--pair", default=CHAT_PAIR, choices=("tiny", "smollm2"), help=CHAT_PAIR_HELP)
     args = p.parse_args(argv)
     budget = f"budgets/{args.pair}/budget.json"
     try:

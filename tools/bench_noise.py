@@ -21,6 +21,7 @@ import time
 import torch
 
 from cli import EXPECTED, Parser, fail, positive_int
+from config import CHAT_PAIR, CHAT_PAIR_HELP
 from models import load_pair
 from rollout import add_weight_noise
 from tools.machine import cpu_facts
@@ -42,7 +43,7 @@ def draw_only(model, sigma: float, generator: torch.Generator, buf: torch.Tensor
 
 def main(argv=None) -> None:
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--pair", default="smollm2", choices=("tiny", "smollm2"), help="(default: %(default)s)")
+    p.add_argument("--pair", default=CHAT_PAIR, choices=("tiny", "smollm2"), help=CHAT_PAIR_HELP)
     p.add_argument("--rounds", type=positive_int, default=7, help="rounds, the first not timed (default: 7)")
     args = p.parse_args(argv)
     try:

@@ -32,7 +32,8 @@ from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
 from cli import EXPECTED, BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
-from models import PAIRS, format_prompt, load_pair
+from config import CHAT_PAIR, CHAT_PAIR_HELP, PAIRS
+from models import format_prompt, load_pair
 from quant import KVScales, fp8_kv_cache
 from rollout import RolloutConfig, encode_prompts, generate
 from cpu_decode import _small_batch_linear
@@ -81,9 +82,7 @@ def projection_ms(model, batch: int) -> float:
 
 def build_parser() -> Parser:
     p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--pair", default="smollm2", choices=PAIRS, help="whose student samples (default: %(default)s)"
-    )
+    p.add_argument("--pair", default=CHAT_PAIR, choices=PAIRS, help=CHAT_PAIR_HELP)
     p.add_argument("--batch", type=batch_int, default=4, help="prompts per batch (default: %(default)s)")
     p.add_argument(
         "--new-tokens", type=positive_int, default=64, help="tokens per row (default: %(default)s)"
