@@ -128,9 +128,6 @@ def edge(budget: float, end: float, which: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------------
 # Stale candidates
 
 
@@ -567,8 +564,7 @@ def build_parser() -> Parser:
     )
     add_rollout_args(chk.add_argument_group("candidate rollout engine (train.py's flags)"), sampling=False)
     add_audit_parser(sub, chk)
-    for sp in (chk,):
-        sp.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
+    chk.add_argument("--device", default="auto", choices=DEVICES, help="(default: %(default)s)")
     return parser
 
 

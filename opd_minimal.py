@@ -16,7 +16,7 @@ The pair is the tiny addition pair committed in pairs/tiny/ (a 3-layer teacher, 
 the project it imports only cli.py, for what every command shares (SIGINT or SIGTERM is one line and exit
 130 / 143, and --noise has the project's bound), and config.py, for the pair's response length.
 
-    python opd_minimal.py                 # about 40 s on a 2-core CPU: accuracy 0.31 -> 0.86
+    python opd_minimal.py                 # under a minute on a 2-core CPU: accuracy 0.31 -> 0.86
     python opd_minimal.py --noise 0.05    # a noisier engine: watch the mismatch column grow
 """
 
@@ -47,10 +47,11 @@ def problems(n, rng):
 
 
 def add_noise(model, sigma, gen):
-    """W <- W + sigma * std(W) * N(0, 1), per tensor: noise relative to each tensor's own scale."""
+    """W <- W + sigma * rms(W) * N(0, 1), per tensor: noise relative to each tensor's own scale (the engine's
+    definition, rollout.add_weight_noise; a test compares the two)."""
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * sigma * p.std())
+            p.add_(torch.randn(p.shape, generator=gen) * sigma * p.pow(2).mean().sqrt())
 
 
 @torch.no_grad()

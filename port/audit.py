@@ -11,7 +11,7 @@ DIR/report.md. The page has four panels, each from the per-token estimate that t
                              export has token ids and a tokenizer is given (`--tokenizer`)
 The per-token estimate is k3 = ρ − 1 − log ρ with ρ = π_train(y)/π_engine(y) on sampled tokens, or the
 top-k + k3-tail estimate (port.estimate.topk_token_kl) when both sides logged top-k log-probs; its mean over
-tokens is `mismatch.dump_estimate`'s mismatch_kl.
+tokens is `port.estimate.dump_estimate`'s mismatch_kl.
 
     python admit.py audit --dump runs/x/token_exports --budget budgets/tiny/budget.json --out audit/x
 """

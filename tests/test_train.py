@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from conftest import assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -391,3 +393,19 @@ def test_mismatch_se_is_the_ratio_estimators_over_responses():
     rows = [{"mismatch_kl": 1.0, "mismatch_se": 0.3}, {"mismatch_kl": 3.0, "mismatch_se": 0.4}]
     interval = running_mismatch([{"step": 0}, *rows])  # √(0.09 + 0.16) / 2 = 0.25
     assert interval["mean"] == 2.0 and interval["hi"] == pytest.approx(2.0 + 1.959964 * 0.25)
+
+
+def test_opd_minimal_and_the_engine_add_the_same_weight_noise(random_model):
+    """One definition of weight noise, W + σ·rms(W)·ε: opd_minimal.add_noise and rollout.add_weight_noise
+    give the same weights from the same generator state."""
+    import copy
+
+    from opd_minimal import add_noise
+    from rollout import add_weight_noise
+
+    ours, engine = copy.deepcopy(random_model), copy.deepcopy(random_model)
+    add_noise(ours, 0.3, torch.Generator().manual_seed(5))
+    add_weight_noise(engine, 0.3, torch.Generator().manual_seed(5))
+    for (name, a), b in zip(ours.named_parameters(), engine.parameters()):
+        assert_close(a, b, atol=1e-6, what=name)
+    assert not torch.equal(next(ours.parameters()), next(random_model.parameters()))
