@@ -365,6 +365,7 @@ def budget_header(pair: str, loss: dict, command: str, device: str, files: dict 
         **pair_record(files or {}),
         "loss": loss["loss"],
         "tis_cap": json_cap(loss["tis_cap"]),
+        "center_advantages": bool(loss.get("center_advantages", False)),
         "command": command,
         "scale": SCALE,
         "device": device_label(device),
@@ -534,7 +535,7 @@ def reused_count(points: list[dict]) -> int:
 
 
 # what a recorded calibration must share with this one for its points to stand in for runs
-REUSE_KEYS = ("pair", *PAIR_KEYS, "loss", "tis_cap", "steps", "train_settings", "probes")
+REUSE_KEYS = ("pair", *PAIR_KEYS, "loss", "tis_cap", "center_advantages", "steps", "train_settings", "probes")
 # what a reused point must hold (budget.POINT types them): its configuration and seed, its probe mismatch, its
 # start and final quality, its run time; and the record's evaluation-noise measurement
 REUSE_NEEDS = (
@@ -770,6 +771,28 @@ def plot_budget(budget: dict, path: Path) -> None:
 # check
 
 
+def add_loss_args(group) -> None:
+    """--loss, --tis-cap and --center-advantages: train.py's flags of the loss a budget holds for."""
+    group.add_argument(
+        "--loss",
+        default="analytic",
+        choices=CALIBRATABLE,
+        help="the OPD estimator the budget is for (train.py --loss; default: %(default)s)",
+    )
+    group.add_argument(
+        "--tis-cap",
+        type=cap_float,
+        default=0.0,
+        help="importance-weight cap of the loss: 0 none, C, or inf (tinker: --loss sampler --tis-cap inf)",
+    )
+    group.add_argument(
+        "--center-advantages",
+        action="store_true",
+        help="the loss centres its advantages on the batch mean (train.py --center-advantages; sampled, "
+        "sampler)",
+    )
+
+
 def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
@@ -810,18 +833,7 @@ def build_parser() -> Parser:
         default=CHECK_PROBES,
         help="held-out probes per configuration (default: %(default)s)",
     )
-    parser.add_argument(
-        "--loss",
-        default="analytic",
-        choices=CALIBRATABLE,
-        help="the OPD estimator the budget is for (train.py --loss; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--tis-cap",
-        type=cap_float,
-        default=0.0,
-        help="importance-weight cap of the loss: 0 none, C, or inf (tinker: --loss sampler --tis-cap inf)",
-    )
+    add_loss_args(parser.add_argument_group("the loss the budget is for"))
     parser.add_argument(
         "--reuse",
         type=path_text,
@@ -838,14 +850,16 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
         if args.loss == "analytic" and args.tis_cap > 0:
             raise BadInput(f"--tis-cap {args.tis_cap:g}: the analytic loss has no importance weights")
+        if args.center_advantages and args.loss == "analytic":
+            raise BadInput("--center-advantages: the analytic loss has no advantages to centre")
         pair, files = own_pair(args)
-        label = loss_label(args.loss, args.tis_cap)
+        label = loss_label(args.loss, args.tis_cap, center=args.center_advantages)
         default = f"budgets/{pair}" if label == "analytic" else f"budgets/{pair}/{label}"
         out = check_output_dir(args.out or default, "--out")
         real = [r for r in args.real.split(",") if r]
         calibration_configs([], real)  # refuses an unknown --real before any run starts
         command = shlex.join(["python", "-m", "lab.calibrate", *(sys.argv[1:] if argv is None else argv)])
-        loss = {"loss": args.loss, "tis_cap": args.tis_cap}
+        loss = {"loss": args.loss, "tis_cap": args.tis_cap, "center_advantages": args.center_advantages}
         steps = args.steps or study_config(pair, **loss).steps
         wanted = {
             "pair": pair,

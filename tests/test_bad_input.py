@@ -456,6 +456,7 @@ OTHERS = [
     ("admit", ["check", "--budget", "noloss_budget.json"], "loss is None"),
     ("admit", ["check", "--budget", "infcap_budget.json", "--tis-cap", "-1"], "--tis-cap"),
     ("lab.calibrate", ["--tis-cap", "2"], "analytic loss has no importance weights"),
+    ("lab.calibrate", ["--center-advantages"], "analytic loss has no advantages to centre"),
     ("admit", ["check", "--budget", "nan_budget.json"], "budget is nan"),
     ("admit", ["check", "--budget", "v1_budget.json"], "schema_version 1"),
     ("admit", ["check", "--budget", "smollm2_budget.json"], "'smollm2'"),
