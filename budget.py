@@ -95,7 +95,7 @@ def match_loss(budget: dict, loss: str | None, tis_cap: float | None) -> str:
             f"{loss_label(b_loss, b_cap)}; a budget holds only for its loss "
             f"(python -m lab.calibrate --loss {loss} --tis-cap {tis_cap:g})"
         )
-    return loss_label(loss, tis_cap)
+    return loss_label(loss, tis_cap, center=budget.get("center_advantages") is True)
 
 
 def budget_band(budget: dict) -> tuple[float, float]:
