@@ -174,3 +174,20 @@ def test_a_reused_calibration_says_where_its_points_trained():
     assert trained_on({"device": "A", "points": [fresh, old], "reused": {"trained_on": "B"}}) == "A and B"
     assert trained_on({"device": "A", "points": [fresh, old], "reused": {"trained_on": "A"}}) == "A"
     assert trained_on({"device": "A", "points": [old], "reused": {"points": 1}}) == "A", "an older record"
+
+
+def test_a_run_is_paired_only_with_the_baseline_of_its_seed_trained_on_its_machine():
+    """calibrate.paired_quality_losses: quality loss = final eval reverse KL − the same-seed baseline's
+    trained on the same machine; a run whose seed's baseline trained elsewhere is refused in one line."""
+    from cli import BadInput
+    from lab.calibrate import paired_quality_losses
+
+    def point(source, seed, rkl, on):
+        return {"source": source, "seed": seed, "eval_rkl": rkl, "eval_rkl_start": 3.0, "trained_on": on}
+
+    points = [point("baseline", 0, 2.0, "A"), point("baseline", 1, 2.2, "A"), point("noise 0.1", 1, 2.5, "A")]
+    tol, _ = paired_quality_losses(points, 0.2)
+    assert abs(points[2]["quality_loss"] - 0.3) < 1e-12 and abs(tol - 0.2 * (3.0 - 2.1)) < 1e-12
+    mixed = [point("baseline", 0, 2.0, "A"), point("noise 0.1", 0, 2.5, "B")]
+    with pytest.raises(BadInput, match="not paired"):
+        paired_quality_losses(mixed, 0.2)
