@@ -11,6 +11,9 @@ check  Measures a candidate configuration's canonical mismatch on held-out probe
        per step: the dump's verdict is its worst step's, never an ADMIT its unsampled tokens could overturn,
        and UNCERTAIN when a flag finds a misread or its columns are not the sampled distribution.
 
+Here: the live measurement and the command line; the verdict rule is verdict.py's, an export's judging (and
+`audit`) port/judge.py's.
+
     python admit.py check --budget budgets/tiny/budget.json --pair tiny --weights fp8 --kv-cache fp8
     python admit.py check --budget budgets/mine/budget.json --teacher T --student S --prompts my.jsonl
 """
@@ -20,9 +23,7 @@ import cli
 cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
 
 import json
-import math
 import shlex
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -30,105 +31,24 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from transformers import AutoTokenizer
 
-from port.audit import draw, origins, report, token_estimates, top_tokens
-from budget import (
-    CALIBRATABLE,
-    budget_band,
-    budget_power,
-    loss_label,
-    match_loss,
-    match_pair,
-    read_budget,
-    source_staleness,
-)
-from cli import (
-    EXPECTED,
-    BadInput,
-    Parser,
-    cap_float,
-    check_output_dir,
-    check_output_file,
-    fail,
-    fraction,
-    given_dests,
-    path_text,
-    positive_int,
-    process_seconds,
-    seed_int,
-)
-from cli import temperature as temperature_value
+from budget import budget_power, match_loss, match_pair, read_budget
+from cli import EXPECTED, BadInput, Parser, fail, path_text, positive_int, process_seconds, seed_int
 from config import CHECK_PROBES, DEFAULT_PAIR, DEFAULT_PAIR_HELP, DEVICES, FIRST_PROBES, PAIRS
 from kl import bootstrap_ci
-from port.estimate import MAX_LOG_RATIO, dump_estimate, tokens_to_see
+from lab.hf_pairs import cache_dir, pair_files, prompts_sha256
+from lab.rollout_args import add_rollout_args, rollout_config_from_args
+from lab.runfiles import atomic_save, load_cached
 from mismatch import measure_config
-from models import (
-    cache_dir,
-    format_prompt,
-    load_pair,
-    n_params,
-    pair_files,
-    prompts_sha256,
-    resolve_device,
-    tiny_tokenizer,
-)
-from port.native import FORMATS, merge, read_native, sampling_check, select_steps, shown_settings
+from models import format_prompt, load_pair, n_params, resolve_device
+from port.judge import DUMP_ONLY, add_audit_parser, check_dump, print_dump_notes, print_steps, run_audit
 from quant import FP8_WEIGHTS, fp8_linear_size, kv_bytes_per_token
-from rollout import RolloutConfig, add_rollout_args, rollout_config_from_args
-from lab.runfiles import atomic_save, atomic_write_text, load_cached
+from rollout import RolloutConfig
 from train import trajectory
+from verdict import VERDICT_EXIT, beyond_lower_bound, json_band, judge, stale_axis, with_stale_axis
 
 # ---------------------------------------------------------------------------------------------------
-# The verdict (pure)
-
-
-def verdict(
-    lo: float,
-    hi: float,
-    mean: float,
-    budget: float,
-    n_probes: int,
-    available: int | None = None,
-    band: tuple[float, float] | None = None,
-) -> dict:
-    """admit if hi < B_lo, reject if lo > B_hi, else uncertain with an estimate of the probes needed.
-
-    [B_lo, B_hi] is `band`, the budget's own interval (default [budget, budget]): a candidate whose mismatch
-    the calibration cannot place on one side of the budget is not decided by more probes. Otherwise the
-    interval's half-width shrinks like 1/sqrt(n) and must shrink below the gap to the nearer edge:
-        n_needed ≈ n · (half-width / gap)², extra = n_needed − n,
-    and never more than the `available` probes that remain (None: no limit known).
-    """
-    b_lo, b_hi = band or (budget, budget)
-    if hi < b_lo:
-        return {"verdict": "admit", "reason": f"upper bound {hi:.3e} < {edge(budget, b_lo, 'lower')}"}
-    if lo > b_hi:
-        return {"verdict": "reject", "reason": f"lower bound {lo:.3e} > {edge(budget, b_hi, 'upper')}"}
-    reason = f"interval [{lo:.3e}, {hi:.3e}] contains budget {budget:.3e}"
-    if b_lo < b_hi:
-        reason = f"interval [{lo:.3e}, {hi:.3e}] overlaps the budget's 95% interval [{b_lo:.3e}, {b_hi:.3e}]"
-    if b_lo <= mean <= b_hi:  # inside the budget's own uncertainty (or on it): probes cannot decide
-        if b_lo < b_hi:
-            reason += "; the mean lies inside it, where more calibration seeds, not probes, would decide"
-        return {"verdict": "uncertain", "reason": reason, "extra_probes": None}
-    half, gap = (hi - lo) / 2, (b_lo - mean if mean < b_lo else mean - b_hi)
-    extra = math.ceil(n_probes * (half / gap) ** 2) - n_probes
-    if available is not None and extra > available - n_probes:
-        reason += f"; it would take about {extra} more probes and only {available - n_probes} remain"
-        extra = None
-    return {"verdict": "uncertain", "reason": reason, "extra_probes": extra}
-
-
-def edge(budget: float, end: float, which: str) -> str:
-    """How a verdict's reason names the threshold: the budget itself, or an end of its interval."""
-    if end == budget:
-        return f"budget {budget:.3e}"
-    return f"{end:.3e}, the {which} end of budget {budget:.3e}'s 95% interval"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Stale candidates
+# The live check: a candidate measured on held-out probes (the verdict itself: verdict.py)
 
 
 def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], dict]:
@@ -152,11 +72,7 @@ def stale_versions(pair, k: int, settings: dict, device) -> tuple[list[dict], di
     return versions, {"cached": False, "seconds": time.time() - t0}
 
 
-VERDICT_EXIT = {"admit": 0, "reject": 1, "uncertain": 4}  # exit codes of `check`, for gating a CI job
-CI_KEYS = ("mismatch_kl", "ci_low", "ci_high")  # the per-step numbers of a multi-step export
-
-
-def what_it_buys(student, cfg: RolloutConfig) -> dict:
+def engine_bytes(student, cfg: RolloutConfig) -> dict:
     """The engine copy's weight bytes and KV bytes per token, in its real dtypes (fp8 weights: the Linear
     layers not skipped, 1 byte each plus an fp32 scale per row), against the trainer's fp32 copy."""
     high = 2 if cfg.weights in ("bf16", "fp8-dyn") else 4  # fp8-dyn engines compute in bf16 (rollout.py)
@@ -168,41 +84,6 @@ def what_it_buys(student, cfg: RolloutConfig) -> dict:
         "kv_bytes_per_token": kv_bytes_per_token(student.config, cfg.kv_cache, dtype_bytes=high),
         "kv_bytes_per_token_fp32": kv_bytes_per_token(student.config, "model", dtype_bytes=4),
     }
-
-
-def json_band(budget: dict) -> list:
-    """budget_band for a result's JSON: [B_lo, B_hi], B_hi None where open above."""
-    b_lo, b_hi = budget_band(budget)
-    return [b_lo, None if b_hi == math.inf else b_hi]
-
-
-def beyond_lower_bound(budget: dict, m: dict) -> bool:
-    """True when the budget's interval is open above and the whole CI lies above its lower end: uncertain
-    whatever more probes show, so probing stops."""
-    b_lo, b_hi = budget_band(budget)
-    return b_hi == math.inf and m["ci_low"] > b_lo
-
-
-def judge(budget: dict, m: dict, n: int, available: int | None) -> dict:
-    """verdict() on a measurement against the budget's interval, which can never reject where it is open
-    above (a lower-bound budget, or a crossing some seeds put beyond the grid)."""
-    band = budget_band(budget)
-    lo, hi, mean = m["ci_low"], m["ci_high"], m["mismatch_kl"]
-    decision = verdict(lo, hi, mean, budget=budget["budget"], n_probes=n, available=available, band=band)
-    if beyond_lower_bound(budget, m):
-        where = (
-            "the largest calibrated mismatch, where no run lost quality"
-            if budget["how"] == "all-within"
-            else "the lower end of the budget's interval, which some seeds put beyond the largest mismatch "
-            "calibrated"
-        )
-        decision = {
-            "verdict": "uncertain",
-            "extra_probes": None,
-            "reason": f"lower bound {m['ci_low']:.3e} is beyond {where} ({band[0]:.3e}): no number of "
-            "probes can reject; calibrate with larger mismatch to decide",
-        }
-    return decision
 
 
 def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, versions) -> tuple[dict, int, int]:
@@ -228,63 +109,6 @@ def sequential_measure(pair, cfg: RolloutConfig, cap: int, budget: dict, version
     return m, n, batch
 
 
-def calibration_staleness(budget: dict) -> dict[int, tuple[float, float, int]]:
-    """The calibration's stale runs by staleness k: (mean probe mismatch, mean quality loss, seeds)."""
-    groups: dict[int, list[dict]] = {}
-    for p in budget["points"]:
-        if k := source_staleness(p["source"]):
-            groups.setdefault(k, []).append(p)
-    return {
-        k: (
-            statistics.fmean(p["mismatch"] for p in g),
-            statistics.fmean(p["quality_loss"] for p in g),
-            len(g),
-        )
-        for k, g in sorted(groups.items())
-    }
-
-
-def stale_axis(budget: dict, staleness: int) -> dict | None:
-    """A stale candidate against a sampled-token budget, judged on its own axis. These losses feel staleness
-    (an error along the last updates) far more than weight noise of the same per-token KL, so the scale, which
-    the noise grid calibrates, cannot place it (DESIGN.md, "A budget holds for one loss"). With the
-    calibration's stale runs (quality loss q_j at staleness j), and more staleness losing at least as much:
-        reject     some j <= staleness has q_j > tolerance
-        None       some j >= staleness has q_j <= tolerance: the scale decides, as for any candidate
-        uncertain  neither (calibrate with --real staleness-K to decide).
-    None as well for the analytic loss (the scale ranks staleness there) and for a fresh engine."""
-    if budget["loss"] == "analytic" or not staleness:
-        return None
-    tol, ran = budget["tolerance"]["nats"], calibration_staleness(budget)
-    label = loss_label(budget["loss"], budget["tis_cap"])
-    runs = "; ".join(
-        f"staleness {k}: {m:.2g} nats/token, quality loss {q:+.3f} ({n} seeds)"
-        for k, (m, q, n) in ran.items()
-    )
-    seen = f"the calibration's stale runs: {runs or 'none'}; tolerance {tol:.3f} nats"
-    if any(k <= staleness and q > tol for k, (_, q, _) in ran.items()):
-        why = (
-            f"staleness {staleness} is at least as stale as a calibration run that lost beyond the tolerance"
-        )
-        return {"verdict": "reject", "extra_probes": None, "reason": f"{why} ({label} loss; {seen})"}
-    if any(k >= staleness and q <= tol for k, (_, q, _) in ran.items()):
-        return None
-    why = f"the {label} loss feels staleness beyond its per-token KL; no calibration run brackets {staleness}"
-    return {
-        "verdict": "uncertain",
-        "extra_probes": None,
-        "reason": f"{why} ({seen}); calibrate with --real staleness-{staleness} to decide",
-    }
-
-
-def with_stale_axis(decision: dict, axis: dict | None) -> dict:
-    """The scale's decision, overruled by the staleness axis where that one rejects, or cannot vouch for an
-    admit or an uncertain the scale gave."""
-    if axis and (axis["verdict"] == "reject" or decision["verdict"] != "reject"):
-        return axis
-    return decision
-
-
 def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_seconds: float = 0.0) -> dict:
     """The verdict on a candidate configuration of this pair, with the numbers behind it. `load_seconds`:
     what loading the pair took, counted with the measuring against one calibration run."""
@@ -307,7 +131,7 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_se
         "seconds": seconds,
         "load_seconds": load_seconds,
         "seconds_vs_calibration_run": (seconds + load_seconds) / budget["seconds_per_run"],
-        **what_it_buys(pair.student, cfg),
+        **engine_bytes(pair.student, cfg),
     }
     if stale is not None:
         out["stale_trajectory"] = {
@@ -318,213 +142,8 @@ def check(budget: dict, pair, cfg: RolloutConfig, cap: int, device: str, load_se
     return out
 
 
-def check_dump(
-    budget: dict,
-    path: Path,
-    fmt: str | None = None,
-    steps: str | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-) -> dict:
-    """The verdict from another system's export (port/native.py): k3 (or top-k) estimate with a sequence CI,
-    on the steps `steps` selects (None: all), and each step's own estimate under "per_step"; `temperature`
-    and `top_p` are the run's sampling settings where the export does not record them."""
-    fmt, read = read_native(str(path), fmt)
-    return judge_steps(budget, fmt, read, spec=steps, temperature=temperature, top_p=top_p)
-
-
-def worst_step(decision: dict, budget: dict, rows: list[dict]) -> dict:
-    """A dump's verdict is its worst judged step's (rows: the judged steps, each with its own verdict):
-        reject     some step's interval lies above the budget's (its lower end above B_hi), whatever the pool
-                   of all steps reads: a mean over steps can hide one bad step;
-        admit      only when the pool admits and so does every judged step;
-        uncertain  the pool admits but some step does not, or as the pool's decision says.
-    "worst_step" names the step that decides (None where the pool decides)."""
-    b_lo, b_hi = budget_band(budget)
-    if len(rows) < 2:  # one step is the pool
-        return {**decision, "worst_step": None}
-    if rejects := [r for r in rows if r["verdict"] == "reject"]:
-        r = max(rejects, key=lambda r: r["ci_low"])
-        reason = (
-            f"step {r['step']}'s lower bound {r['ci_low']:.3e} > {edge(budget['budget'], b_hi, 'upper')} "
-            f"(its interval [{r['ci_low']:.3e}, {r['ci_high']:.3e}]); a dump's verdict is its worst step's"
-        )
-        return {"verdict": "reject", "reason": reason, "worst_step": r["step"]}
-    if decision["verdict"] == "admit" and (short := [r for r in rows if r["verdict"] != "admit"]):
-        r = max(short, key=lambda r: r["ci_high"])
-        reason = (
-            f"the pooled steps admit ({decision['reason']}), but step {r['step']}'s interval "
-            f"[{r['ci_low']:.3e}, {r['ci_high']:.3e}] reaches {edge(budget['budget'], b_lo, 'lower')} "
-            f"(steps not admitted: {', '.join(str(x['step']) for x in short)}); a dump admits only if every "
-            "judged step does"
-        )
-        return {"verdict": "uncertain", "reason": reason, "extra_probes": None, "worst_step": r["step"]}
-    return {**decision, "worst_step": None}
-
-
-def blind_spot(decision: dict, budget: dict, m: dict) -> dict:
-    """No ADMIT that the dump's blind spot could overturn. Its interval ends at hi, and up to blind_kl more
-    can sit on tokens no sample drew (port.estimate.blind_kl: ε·L for N sampled tokens, ε = 1 − 0.05^(1/N),
-    L = 103.28 nats; less with top-k rows), so ADMIT needs
-        hi + blind_kl < B_lo,
-    and a budget whose lower end lies below blind_kl is never admitted from sampled log-probs alone: top-k
-    rows, whose tail mass bounds the blind spot, or more tokens (estimate.tokens_to_see) can admit."""
-    b_lo, _ = budget_band(budget)
-    if decision["verdict"] != "admit" or m["ci_high"] + m["blind_kl"] < b_lo:
-        return decision
-    need = tokens_to_see(b_lo - m["ci_high"])
-    more = f"about {need:,} sampled tokens" if need else "no number of sampled tokens"
-    reason = (
-        f"upper bound {m['ci_high']:.3e} plus {m['blind_kl']:.3e}, the KL that {m['tokens']} sampled tokens "
-        f"cannot rule out (engine mass {m['blind_mass']:.2e} on tokens never drawn, from {m['blind_from']}, "
-        f"at up to {MAX_LOG_RATIO:.2f} nats each), is not below {edge(budget['budget'], b_lo, 'lower')}: "
-        f"these log-probs alone cannot admit against it; top-k rows of both sides, or {more}, can"
-    )
-    return {"verdict": "uncertain", "reason": reason, "extra_probes": None}
-
-
-def judge_steps(budget: dict, fmt: str, steps: list, spec: str | None, temperature=None, top_p=None) -> dict:
-    """The verdict on the steps `spec` selects: the pool's (judge), the worst judged step's (worst_step),
-    never an ADMIT the blind spot could hide (blind_spot), and neither ADMIT nor REJECT on a dump whose
-    columns are not the sampled distribution (native.sampling_check) or that a flag calls unreadable
-    (estimate.dump_flags, on the pool and on each judged step)."""
-    t0 = time.time()
-    chosen = select_steps(steps, spec)
-    sampling = sampling_check(fmt, chosen, temperature=temperature, top_p=top_p)
-    merged = merge(chosen).dump
-    m = dump_estimate(merged)
-    judged, per_step, warnings, flags = {s.step for s in chosen}, [], list(m["warnings"]), list(m["flags"])
-    for s in steps:
-        e = dump_estimate(s.dump)
-        row = {"step": s.step, "sequences": s.dump.sequences, **{k: e[k] for k in ("tokens", *CI_KEYS)}}
-        row["flags"], row["verdict"] = e["flags"], None
-        if s.step in judged:
-            row["verdict"] = judge(budget, e, s.dump.sequences, available=None)["verdict"]
-            new = [(f, w) for f, w in zip(e["flags"], e["warnings"]) if f not in m["flags"]]
-            warnings += [f"step {s.step}: {w}" for _, w in new]
-            flags += [f for f, _ in new if f not in flags]
-        per_step.append(row)
-    decision = judge(budget, m, merged.sequences, available=None)
-    decision = worst_step(decision, budget, [r for r in per_step if r["verdict"]])
-    decision = blind_spot(decision, budget, m)
-    problems = ["unreadable dump: " + "; ".join(warnings)] if warnings else []
-    problems += [f"sampling: {sampling['reason']}"] if not sampling["same"] else []
-    if problems:  # never admit (nor reject) on a dump that cannot be read as it is
-        decision = {"verdict": "uncertain", "reason": "; ".join(problems), "worst_step": None}
-    return {
-        **m,
-        **decision,
-        "flags": flags + ["sampling"] * (not sampling["same"]),
-        "sampling": sampling,
-        "budget": budget["budget"],
-        "budget_interval": json_band(budget),
-        "format": fmt,
-        "steps": [s.step for s in chosen],
-        "per_step": per_step,
-        "seconds": time.time() - t0,
-    }
-
-
-def audit_decoder(tokenizer: str | None):
-    """--tokenizer as a function token id -> text (None: ids only), loaded before any work: tiny, or a local
-    folder a tokenizer loads from. An id outside its vocabulary decodes to None (shown as the id)."""
-    if tokenizer is None:
-        return None
-    if tokenizer == "tiny":
-        tok = tiny_tokenizer()
-    elif not Path(tokenizer).is_dir():
-        raise BadInput(f"--tokenizer {tokenizer}: not a folder; expected tiny or a local tokenizer folder")
-    else:
-        try:
-            tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
-        except Exception as e:  # an empty or foreign folder: transformers raises ValueError, OSError, ...
-            raise BadInput(
-                f"--tokenizer {tokenizer}: no tokenizer loads from this folder ({type(e).__name__}); "
-                "expected tiny or a folder holding tokenizer.json or tokenizer_config.json"
-            ) from None
-    vocab = len(tok)
-    return lambda tid: tok.decode([tid]) if 0 <= tid < vocab else None
-
-
-def audit_targets(out: str) -> Path:
-    """--out checked before any work: a folder that is or can be made, and audit.png and report.md in it
-    regular files if they exist (cli.check_output_dir / check_output_file)."""
-    folder = check_output_dir(out, "--out")
-    if folder.is_dir():
-        for name in ("audit.png", "report.md"):
-            check_output_file(folder / name, "--out")
-    return folder
-
-
-def run_audit(budget: dict, args, command: str, loss: str) -> dict:
-    """admit.py audit: the verdict as check --dump gives it, plus DIR/audit.png and DIR/report.md, each
-    written atomically (a full disk leaves the previous audit as it was). --out and --tokenizer are checked
-    before the export is read."""
-    out = audit_targets(args.out)
-    decode = audit_decoder(args.tokenizer)
-    fmt, steps = read_native(args.dump, args.format)
-    sampled = {"temperature": args.temperature, "top_p": args.top_p}
-    result = {**judge_steps(budget, fmt, steps, spec=args.steps, **sampled), "loss": loss}
-    chosen = select_steps(steps, args.steps)
-    merged = merge(chosen)
-    tops = top_tokens(merged, token_estimates(merged.dump), origins(chosen), decode=decode)
-    out.mkdir(parents=True, exist_ok=True)
-    draw(out / "audit.png", merged, result["per_step"], result=result, tops=tops)
-    atomic_write_text(out / "report.md", report(result, tops, command=command, figure="audit.png"))
-    return {**result, "wrote": [str(out / "audit.png"), str(out / "report.md")]}
-
-
 # ---------------------------------------------------------------------------------------------------
-# Command line
-
-
-def add_audit_parser(sub, chk) -> None:
-    """The audit subcommand, and the export flags (--dump, --format, --steps) it shares with check."""
-    aud = sub.add_parser("audit", help="judge an export and write audit.png and report.md (port/audit.py)")
-    aud.add_argument(
-        "--dump",
-        type=path_text,
-        required=True,
-        help="the export: a file, a folder or a glob (port/native.py)",
-    )
-    aud.add_argument(
-        "--budget", type=path_text, required=True, help="budget.json from python -m lab.calibrate"
-    )
-    aud.add_argument("--out", type=path_text, required=True, help="folder for audit.png and report.md")
-    aud.add_argument(
-        "--tokenizer",
-        type=path_text,
-        help="decode the top tokens: tiny, or a local tokenizer folder (default: ids only)",
-    )
-    aud.add_argument("--json", action="store_true", help="print the result as JSON")
-    chk.add_argument(
-        "--dump",
-        type=path_text,
-        help="judge another system's export instead (port/native.py): a file, folder or glob",
-    )
-    for sp in (chk, aud):
-        sp.add_argument(
-            "--format", choices=FORMATS, help="the export's format with --dump (default: told by its fields)"
-        )
-        sp.add_argument("--steps", help="steps to judge with --dump, e.g. 3 or 2-5 or 0,4-6 (default: all)")
-        sp.add_argument(
-            "--temperature",
-            type=temperature_value,
-            help="the temperature the run sampled at, where the export does not record it (port/native.py)",
-        )
-        sp.add_argument(
-            "--top-p",
-            type=fraction,
-            help="the top-p the run sampled with, where the export does not record it",
-        )
-        sp.add_argument(
-            "--loss",
-            choices=CALIBRATABLE,
-            help="the OPD loss the candidate trains with (default: the budget's)",
-        )
-        sp.add_argument(
-            "--tis-cap", type=cap_float, help="its importance-weight cap: 0, C or inf (default: the budget's)"
-        )
+# Command line (the dump side's flags, judging and printing: port/judge.py)
 
 
 def build_parser() -> Parser:
@@ -584,43 +203,6 @@ def check_live(budget: dict, args, device: str) -> dict:
     return check(budget, pair, cfg, cap=args.probes, device=device, load_seconds=time.time() - t0)
 
 
-def print_steps(result: dict) -> None:
-    """The per-step table of an export: each step's estimate and interval, each judged step's own verdict
-    (* judged), and the step that decides the dump's verdict marked <- worst."""
-    print(f"{'step':>8} {'seqs':>6} {'tokens':>8}  mismatch (nats/token)  95% CI  ({result['format']})")
-    for r in result["per_step"]:
-        mark = "*" if r["step"] in result["steps"] else " "
-        verdict = (r.get("verdict") or "").upper()
-        worst = "  <- worst" if r["step"] == result.get("worst_step") else ""
-        flags = f"  flags: {', '.join(r['flags'])}" if r.get("flags") else ""
-        print(
-            f"{r['step']:>7}{mark} {r['sequences']:>6} {r['tokens']:>8}  {r['mismatch_kl']:.3e}  "
-            f"[{r['ci_low']:.3e}, {r['ci_high']:.3e}]  {verdict:<9}{worst}{flags}".rstrip()
-        )
-    print(f"* judged: steps {', '.join(map(str, result['steps']))} (the dump's verdict is its worst step's)")
-
-
-def print_dump_notes(result: dict) -> None:
-    """What an export's verdict rests on beyond its interval: the sampling settings, the blind spot, the
-    flags raised."""
-    sm = result.get("sampling")
-    if sm:
-        held = ""
-        if sm["engine"]:
-            engine, train = shown_settings(sm["engine"]), shown_settings(sm["train"])
-            held = f"; the engine column holds {engine}, the trainer's {train}"
-        state = "both columns are the sampled distribution" if sm["same"] else "not judged"
-        print(f"sampling: {shown_settings((sm['temperature'], sm['top_p']))} ({sm['source']}){held}: {state}")
-    print(
-        f"blind spot: {result['tokens']} tokens cannot rule out {result['blind_kl']:.3e} nats/token on "
-        f"tokens never sampled (mass {result['blind_mass']:.2e} from {result['blind_from']}, x "
-        f"{MAX_LOG_RATIO:.2f} nats at most each): no ADMIT unless the upper bound plus it lies below the "
-        "budget's interval"
-    )
-    if result.get("flags"):
-        print(f"flags: {', '.join(result['flags'])}")
-
-
 def print_check(result: dict) -> None:
     extra = (
         f"; about {result['extra_probes']} more probes would likely settle it"
@@ -663,8 +245,7 @@ def print_check(result: dict) -> None:
         )
 
 
-# check's flags that only one of its two modes reads (an export with --dump, else live probes)
-DUMP_ONLY = ("format", "steps", "temperature", "top_p")
+# check's flags that only its live mode reads (port.judge.DUMP_ONLY: those only an export with --dump reads)
 LIVE_ONLY = ("pair", "teacher", "student", "prompts", "probes", "seed")
 LIVE_ONLY += ("max_new_tokens", "weights", "fp8_skip", "kv_cache", "kv_scales", "staleness", "noise")
 

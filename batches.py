@@ -1,7 +1,8 @@
 """Where a training step's batch comes from: the rollout engine samples the step's prompts, synchronously or
 one step ahead in a background thread (one-step-off async), and what a checkpoint needs to continue exactly.
 
-`cfg` below is a train.TrainConfig (batch_size, samples_per_prompt, seed, steps, async_rollout, rollout).
+`cfg` below is a lab.train_args.TrainConfig (batch_size, samples_per_prompt, seed, steps, async_rollout,
+rollout).
 Every batch depends only on (seed, step) and the engine's served weights, so a resumed run redraws exactly
 the batches an uninterrupted one would.
 """
@@ -12,7 +13,8 @@ import torch
 
 from config import KV_SCALE_PROMPTS
 from models import Prompt, format_prompt
-from rollout import Rollout, RolloutEngine, snapshot
+from rollout import Rollout
+from engine import RolloutEngine, snapshot
 
 
 def step_generator(seed: int, step: int, device) -> torch.Generator:

@@ -121,11 +121,11 @@ def match_pair(
     budget: dict, pair: str, files: dict, where: str, probes: bool = False, prompts_sha256: str | None = None
 ) -> None:
     """A budget holds for the pair it was calibrated on; one line (BadInput) otherwise. `pair` and `files`
-    are the candidate's: an embedded pair's name, or "custom" and its models (models.pair_files: absolute
-    folders or hub ids), compared with the budget's "pair", "teacher" and "student". `probes`: the candidate
-    is measured on the held-out tenth of its prompts (a live check), so its prompts must be the calibration's
-    too, the budget's scale being measured on its own probes: `prompts_sha256` (of --prompts; None: the
-    pair's own) against the budget's."""
+    are the candidate's: an embedded pair's name, or "custom" and its models (lab.hf_pairs.pair_files:
+    absolute folders or hub ids), compared with the budget's "pair", "teacher" and "student". `probes`: the
+    candidate is measured on the held-out tenth of its prompts (a live check), so its prompts must be the
+    calibration's too, the budget's scale being measured on its own probes: `prompts_sha256` (of --prompts;
+    None: the pair's own) against the budget's."""
     b_pair, b_files = budget.get("pair"), {k: budget.get(k) for k in ("teacher", "student")}
     if b_pair == "custom" and pair != "custom":
         raise BadInput(
@@ -254,6 +254,7 @@ SCHEMA = {
         "?paired_loss_pooled_over": "text",
     },
     "?reused": {"points": "integer >= 0", "?from": "text", "?trained_on": "text"},
+    "?power": {"rule": "text", "max_seeds": "integer >= 1", "rounds": "list"},
     "?points": ("list", POINT),
 }
 

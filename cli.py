@@ -18,7 +18,7 @@ set of values use argparse `choices=`.
 
 Every output goes through one guarded path: `check_output_dir` / `check_output_file` refuse a target that
 cannot be written (under a file, not writable, a FIFO or a device) before any work starts, and
-`atomic_write` / `append_text` write it so that a full disk is one `WriteFailed` line (exit 5) with nothing
+`lab.atomic` writes it so that a full disk is one `WriteFailed` line (exit 5) with nothing
 half-written. A file or folder named on the command line is text (`path_text`): a name with bytes that are
 not UTF-8 cannot go into config.json, a plot title or a report, so it is refused before any work.
 
@@ -150,7 +150,7 @@ fraction = _converter(float, lambda x: 0 < x <= 1, "a number in (0, 1]")
 open_fraction = _converter(float, lambda x: 0 < x < 1, "a number in (0, 1)")
 # an importance-weight cap: 0 = none, a number, or inf for the uncapped ratio
 cap_float = _converter(float, lambda x: x >= 0 and not math.isnan(x), "a number >= 0, or inf (uncapped)")
-# The engine's weight noise is relative: W + σ · rms(W) · ε (rollout.add_weight_noise). The signal's share of
+# The engine's weight noise is relative: W + σ · rms(W) · ε (engine.add_weight_noise). The signal's share of
 # the noisy weights' power is 1 / (1 + σ²): 1% at σ = 10, where the engine is an unrelated random model and
 # a larger σ measures nothing more (the study's largest is 3). Past it, a run only trains on noise.
 MAX_NOISE = 10.0
@@ -286,63 +286,6 @@ def check_output_file(path: str | Path, flag: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise BadInput(f"{flag} {path}: its folder {parent} is not writable")
     return path
-
-
-def _open(path: Path, mode: str):
-    """Every file this project writes is opened here (tests replace it to simulate a full disk)."""
-    return open(path, mode)
-
-
-def _write_failed(path: Path, error: BaseException) -> WriteFailed:
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return WriteFailed(
-        f"could not write {path} ({reason}); its previous version is intact: free space and "
-        "run again (a run: --resume)"
-    )
-
-
-def atomic_write(path: Path, write) -> None:
-    """write(f) into path.tmp (a binary file), fsync, then rename over path: a reader sees the old file or
-    the new one, never half of one. A failed write (a full disk: OSError, or RuntimeError from torch.save)
-    removes the temporary file, leaves path as it was, and raises WriteFailed naming the file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with _open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
-        raise _write_failed(path, e) from e
-    except BaseException:  # an interrupt mid-write: no half file either
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """atomic_write of UTF-8 text."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def append_text(path: Path, text: str) -> None:
-    """Append and fsync; a failed append is cut back to the file's previous length (no torn line)."""
-    path = Path(path)
-    size = path.stat().st_size if path.exists() else 0
-    try:
-        with _open(path, "ab") as f:
-            try:
-                f.write(text.encode("utf-8"))
-                f.flush()
-                os.fsync(f.fileno())
-            except BaseException:
-                f.truncate(size)
-                raise
-    except (OSError, RuntimeError) as e:
-        if path.exists() and path.stat().st_size != size:
-            os.truncate(path, size)
-        raise _write_failed(path, e) from e
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Every default the commands share, defined once: the pairs table, the study's training settings, the probe
 counts. Plain data (no torch, no project import), so every layer can read it.
 
-The types stay beside the code that uses them: train.TrainConfig and rollout.RolloutConfig hold what one run
-uses, with the settings every pair shares as their field defaults; the per-pair values here replace those
-(train.pair_config, RolloutConfig.for_pair). The committed budgets and results were measured with these
-values: a change here changes what a rerun measures. tests/test_config.py keeps them from being re-stated
-elsewhere.
+The types stay beside the code that uses them: lab.train_args.TrainConfig and rollout.RolloutConfig hold
+what one run uses, with the settings every pair shares as their field defaults; the per-pair values here
+replace those (lab.train_args.pair_config, RolloutConfig.for_pair). The committed budgets and results were
+measured with these values: a change here changes what a rerun measures. tests/test_config.py keeps them from
+being re-stated elsewhere.
 """
 
 import math
@@ -36,7 +36,7 @@ MAX_NEW_TOKENS = {"tiny": 6, "smollm2": 48, "gemma3": 48, "custom": 48}
 # Decoder layers the layer-dropped students keep by default (of their teacher's 30 / 18).
 STUDENT_LAYERS = {"smollm2": 24, "gemma3": 14}
 
-# Per-pair training settings (train.pair_config); every other field takes TrainConfig's default. The
+# Per-pair training settings (lab.train_args.pair_config); every other field takes TrainConfig's default. The
 # checkpoint cadence keeps the time spent saving under 5% of a run: a smollm2 checkpoint (weights + AdamW
 # state) is 1.36 GB.
 PAIR_TRAIN = {
@@ -71,6 +71,9 @@ STUDY_TRAIN = {
     # 64 held-out prompts instead of the demo's 16: halves the evaluation's sampling noise
     "smollm2": {"eval_prompts": 64},
 }
+# The quality loss a budget allows: this fraction of the clean baseline's improvement in held-out reverse KL
+# over step 0 (lab.calibrate --tolerance); one tolerance for every budget the study compares.
+STUDY_TOLERANCE = 0.2
 # The losses of the study, by label (budget.loss_label): the analytic loss and four sampled-token ones.
 STUDY_LOSSES = {
     "analytic": {"loss": "analytic"},
@@ -101,3 +104,9 @@ DEFAULT_PROBES = 16
 # fp8 KV scales are calibrated (amax/448) on the first KV_SCALE_PROMPTS training prompts, never held-out ones
 # (batches.make_engine, mismatch.measure_config).
 KV_SCALE_PROMPTS = 8
+
+# ---------------------------------------------------------------------------------------------------
+# Training choices
+
+# The learning-rate schedules after warm-up (train.learning_rate; train.py --schedule).
+SCHEDULES = ("constant", "cosine")

@@ -1,7 +1,7 @@
 """Held-out evaluation of the student: exact reverse KL to the teacher on fresh samples, and, when the prompts
 have answers (tiny), the exact-match rate of those samples and greedy accuracy.
 
-`cfg` below is a train.TrainConfig (eval_prompts, kl_chunk, seed, rollout).
+`cfg` below is a lab.train_args.TrainConfig (eval_prompts, kl_chunk, seed, rollout).
 """
 
 import torch

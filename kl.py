@@ -9,8 +9,9 @@ taken on the engine's own samples, over the full vocabulary, in float64 (token_k
 tokens alone (what dumps from other systems give), with r_t = log π_e(y_t|x_<t) − log π_train(y_t|x_<t) and
 ρ_t = π_train(y_t)/π_e(y_t) = e^{−r_t}: k1 = mean r_t, k3 = mean (ρ_t − 1) − log ρ_t (sampled_token_metrics,
 dump_estimate, with the k1 twin k1_token_kl and the flags of an unreadable dump, dump_flags); the
-prefix-shift part (prefix_shift_kl); a sequence-bootstrap interval (bootstrap_ci).
-mismatch.py measures engines with these; loss.py logs them beside the loss; admit.py judges dumps with them.
+prefix-shift part (prefix_shift_kl); the standard error of one step's mismatch over its responses
+(mismatch_se); a sequence-bootstrap interval (bootstrap_ci).
+mismatch.py measures engines with these; train.py logs them beside the loss; port/ judges dumps with them.
 """
 
 import torch
@@ -48,6 +49,22 @@ def prefix_shift_kl(kl_N: torch.Tensor, rollout) -> torch.Tensor:
         target_B_T, kl_N
     )
     return (kl_B_T.cumsum(1) - kl_B_T)[target_B_T]  # exclusive running sum along each response
+
+
+def mismatch_se(kl_N: torch.Tensor, rollout) -> float | None:
+    """The standard error of a step's mismatch_kl over its sequences: with S_b and n_b the KL sum and token
+    count of response b (of B with a token), m = Σ S_b / Σ n_b, the ratio estimator's (delta method)
+        se = √(B / (B − 1) · Σ_b (S_b − m · n_b)²) / Σ_b n_b.
+    Responses, not tokens, are the units: the tokens of one response are correlated. None below 2."""
+    target_B_T = rollout.response_mask[:, 1:].bool().to(kl_N.device)
+    kl_B_T = torch.zeros(target_B_T.shape, dtype=torch.float64, device=kl_N.device)
+    kl_B_T = kl_B_T.masked_scatter(target_B_T, kl_N.double())
+    n_B = target_B_T.sum(1).double()
+    sum_B, n_B = kl_B_T.sum(1)[n_B > 0], n_B[n_B > 0]
+    if len(n_B) < 2:
+        return None
+    m = sum_B.sum() / n_B.sum()
+    return (len(n_B) / (len(n_B) - 1) * ((sum_B - m * n_B) ** 2).sum()).sqrt().item() / n_B.sum().item()
 
 
 def sampled_token_metrics(

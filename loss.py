@@ -115,12 +115,10 @@ def chunk_terms(h_s_C_H, h_t_C_H, y_C, logp_e_C, adv_C, *, student, teacher, est
     kl_C, logp_s_C, logp_t_C = reverse_kl_terms(student_logits_C_V, teacher_logits_C_V, y_C)
     if estimator == "analytic":
         objective, score, adv = kl_C.sum(), torch.zeros(()), torch.zeros(())
-    else:
-        objective = sampled_terms(
-            logp_s_C, logp_t_C, logp_e_C, estimator=estimator, tis_cap=tis_cap, adv_C=adv_C
-        ).sum()
-        score = -(tis_weights(logp_s_C, logp_e_C, tis_cap) * logp_s_C).sum()
-        adv = advantage(logp_s_C, logp_t_C, logp_e_C, estimator=estimator, adv_C=adv_C).sum()
+    else:  # sampled_terms, with w and A kept for the baseline's sums
+        w_C = tis_weights(logp_s_C, logp_e_C, tis_cap)
+        a_C = advantage(logp_s_C, logp_t_C, logp_e_C, estimator=estimator, adv_C=adv_C)
+        objective, score, adv = -(w_C * a_C * logp_s_C).sum(), -(w_C * logp_s_C).sum(), a_C.sum()
     # The detached logits leave the checkpointed region once, for the mismatch; the backward pass
     # recomputes them for the gradient anyway.
     return objective, score, adv.detach(), kl_C.detach().sum(), student_logits_C_V.detach()

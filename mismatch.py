@@ -62,8 +62,8 @@ from config import (
     MEASURE_PROBES,
     PAIRS,
 )
-from port.dumps import write_dump
 from kl import bootstrap_ci, sampled_token_metrics, token_kl
+from lab.rollout_args import add_rollout_args, rollout_config_from_args
 from models import (
     check_prompts,
     format_prompt,
@@ -73,13 +73,9 @@ from models import (
     read_prompts,
     resolve_device,
 )
-from rollout import (
-    RolloutConfig,
-    RolloutEngine,
-    add_rollout_args,
-    response_hidden,
-    rollout_config_from_args,
-)
+from port.dumps import write_dump
+from rollout import RolloutConfig, response_hidden
+from engine import RolloutEngine
 
 
 @torch.no_grad()

@@ -48,7 +48,7 @@ def problems(n, rng):
 
 def add_noise(model, sigma, gen):
     """W <- W + sigma * rms(W) * N(0, 1), per tensor: noise relative to each tensor's own scale (the engine's
-    definition, rollout.add_weight_noise; a test compares the two)."""
+    definition, engine.add_weight_noise; a test compares the two)."""
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * sigma * p.pow(2).mean().sqrt())

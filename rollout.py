@@ -1,4 +1,4 @@
-"""The rollout engine: our own sampler loop over a Hugging Face causal LM, returning a `Rollout`.
+"""The sampler: our own sampling loop over a Hugging Face causal LM, returning a `Rollout`.
 
 How it works: one *prefill* call runs the whole (left-padded) prompt batch through the model's decoder and
 fills a transformers `Cache`; then one *decode* call per new token feeds only the token just sampled. The
@@ -19,54 +19,23 @@ Which distribution the log-probs come from (every mismatch number depends on thi
         (smollm2: 197 KB; a batch of 8 × 48 tokens, 75 MB); above RolloutConfig.record_gb the engine records
         nothing and the caller must re-score (approximately).
 
-    python rollout.py --pair tiny --n 4    # sample a few responses and print them with their log-probs
+The engine that serves it a changed copy of the student is engine.py; its command-line flags are
+`lab/rollout_args.py`; a few samples printed with their log-probs:
+
+    python -m lab.sample --pair tiny --n 4    # sample a few responses and print them with their log-probs
 """
 
-import cli
-
-cli.exit_on_signals(__name__)  # first: a SIGINT/SIGTERM during the imports below is one line too
-
-import copy
-import time
-from collections import deque
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
-from cli import (
-    EXPECTED,
-    MAX_TEMPERATURE,
-    MAX_NOISE,
-    MAX_TOKENS,
-    MIN_TEMPERATURE,
-    BadInput,
-    NonFinite,
-    Parser,
-    batch_int,
-    fail,
-    fraction,
-    length_int,
-    noise_sigma,
-    nonneg_int,
-    seed_int,
-)
-from cli import temperature as temperature_value
+from cli import MAX_NOISE, MAX_TEMPERATURE, MAX_TOKENS, MIN_TEMPERATURE, BadInput, NonFinite
+from config import MAX_NEW_TOKENS
 from cpu_decode import fast_path_applies, llama_decode, small_batch_linears
-from config import DEFAULT_PAIR, DEFAULT_PAIR_HELP, MAX_NEW_TOKENS, PAIRS
-from models import cache_arg, check_prompts, format_prompt, held_out, load_pair
-from quant import (
-    FP8_WEIGHTS,
-    AmaxRecorder,
-    KVScales,
-    fp8_kv_cache,
-    quantize_weights,
-    round_weights_once,
-    scales_from_amax,
-)
+from models import cache_arg
 
 from transformers import DynamicCache  # isort: skip
-from transformers.cache_utils import Cache  # isort: skip
 
 WEIGHTS = ("fp32", "bf16", "fp8", "fp8-dyn", "fp8-emu")  # engine weight precision (quant.py has the FP8 ones)
 KV_CACHES = ("model", "fp8")  # model = keys/values in the engine's compute dtype; fp8 = quant.Fp8KVLayer
@@ -99,8 +68,10 @@ class RolloutConfig:
         checks = [
             (
                 self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE,
-                f"temperature {self.temperature}: must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
-                f"{MAX_TEMPERATURE:g}]",
+                (
+                    f"temperature {self.temperature}: must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+                    f"{MAX_TEMPERATURE:g}]"
+                ),
             ),
             (0 < self.top_p <= 1, f"top_p {self.top_p}: must be in (0, 1]"),
             (
@@ -352,256 +323,3 @@ def generate(
         prompt_len=P,
         engine_logits=engine_logits,
     )
-
-
-@torch.no_grad()
-def calibrate_kv_scales(model, tokenizer, prompts: list[str], cfg: RolloutConfig) -> KVScales:
-    """amax/448 per layer and head over a short sampled rollout of the probe prompts (prompt and response)."""
-    layers = [AmaxRecorder() for _ in range(model.config.num_hidden_layers)]
-    generator = torch.Generator(next(model.parameters()).device).manual_seed(cfg.seed)
-    generate(model, tokenizer, prompts, cfg=cfg, generator=generator, cache=Cache(layers=layers))
-    return scales_from_amax(layers)
-
-
-# ---------------------------------------------------------------------------------------------------
-# The engine's own weight copy
-
-
-def add_weight_noise(model, sigma: float, generator: torch.Generator) -> None:
-    """W <- W + σ · rms(W) · ε, ε ~ N(0, I), for every parameter tensor: noise relative to its scale.
-    ε is drawn into one reused fp32 buffer and scaled in place: on a CPU, fresh temporaries the size of the
-    embedding cost as much as the draw itself (a test compares this with the formula written directly)."""
-    with torch.no_grad():
-        params = list(model.parameters())
-        if not params:
-            return
-        buf = torch.empty(max(p.numel() for p in params), device=params[0].device)
-        for p in params:
-            eps = torch.randn(p.shape, generator=generator, out=buf[: p.numel()].view(p.shape))
-            rms = torch.linalg.vector_norm(p, dtype=torch.float32) / p.numel() ** 0.5
-            p.add_(eps.mul_(sigma * rms).to(p.dtype))
-
-
-def snapshot(model) -> dict:
-    """A detached copy of the weights. Tied tensors (embeddings = lm_head) are copied once and stay tied."""
-    copies = {}
-    return {k: copies.setdefault(v.data_ptr(), v.detach().clone()) for k, v in model.state_dict().items()}
-
-
-class RolloutEngine:
-    """The rollout engine's own copy of the student, changed the way a cheap rollout system changes it.
-
-    sync(student, version) pushes the trainer's weights after each optimizer step. The engine then serves:
-        staleness k  the weights of version max(v − k, first version seen): it keeps the last k+1 snapshots
-                     (memory: (k+1) × the student's fp32 size, about 0.45 GB each for smollm2);
-        noise σ      add_weight_noise with a generator seeded by (seed, served version): reproducible;
-        weights      the copy cast to bf16 or quantized to FP8 (quant.quantize_weights), after the noise; on
-                     CPU, FP8 weights are rounded once (quant.round_weights_once) instead of at every call;
-                     fp8-dyn casts to bf16 first (torchao's per-row FP8 matmul takes bf16 in and out);
-        kv_cache     fp8: quant.Fp8KVLayer with calibrated (probe prompts, recomputed at every new version)
-                     or unit scales.
-    The engine's model is rebuilt from the served snapshot at every new version, so FP8 weights are
-    re-quantized after every sync. It never changes the student it was given.
-    """
-
-    def __init__(self, student, tokenizer, cfg: RolloutConfig, probe_prompts: list[str] = ()):
-        self.cfg, self.tokenizer = cfg, tokenizer
-        self.template = copy.deepcopy(student).cpu()  # architecture only; weights come from snapshots
-        self.device = next(student.parameters()).device
-        self.probe_prompts = list(probe_prompts)
-        if cfg.kv_cache == "fp8" and cfg.kv_scales == "calibrated" and not self.probe_prompts:
-            raise BadInput(
-                "kv_scales 'calibrated' needs probe prompts to calibrate on; pass some, or use 'unit'"
-            )
-        self.snapshots: deque = deque()
-        self.model, self.version, self.kv_scales = None, None, None
-
-    def sync(self, student, version: int) -> None:
-        self.receive(version, snapshot(student))
-
-    def receive(self, version: int, weights: dict) -> None:
-        """sync's second half, for weights already snapshotted (the async worker rebuilds off the trainer's
-        thread)."""
-        self.snapshots.append((version, weights))
-        while len(self.snapshots) > self.cfg.staleness + 1:
-            self.snapshots.popleft()
-        served, weights = self.snapshots[0]
-        if served != self.version:
-            self.model, self.version = self._build(weights, served), served
-
-    def _build(self, weights: dict, version: int):
-        if self.cfg.weights == "fp32" and self.model is not None:
-            model = self.model  # same structure and dtype: load the new weights in place, no template copy
-        else:  # bf16 casts and FP8 quantization change the modules: start from the fp32 template
-            model = copy.deepcopy(self.template).to(self.device)
-        model.load_state_dict(weights)
-        if self.cfg.noise > 0:
-            seed = self.cfg.seed * 1_000_003 + version
-            add_weight_noise(model, self.cfg.noise, torch.Generator(self.device).manual_seed(seed))
-            if not all(torch.isfinite(p).all() for p in model.parameters()):
-                raise BadInput(
-                    f"--noise {self.cfg.noise:g} makes the engine's weights non-finite (version "
-                    f"{version}); use a smaller --noise"
-                )
-        if self.cfg.weights in ("bf16", "fp8-dyn"):  # torchao's per-row W8A8 takes bf16 weights only
-            model = model.to(torch.bfloat16)
-        if self.cfg.weights in FP8_WEIGHTS:
-            quantize_weights(model, self.cfg.weights, self.cfg.fp8_skip)
-            if self.device.type == "cpu":  # torchao would round the same weights again at every call
-                round_weights_once(model)
-        model.eval()
-        if self.cfg.kv_cache == "fp8":
-            calibrated = self.cfg.kv_scales == "calibrated"
-            self.kv_scales = (
-                calibrate_kv_scales(model, self.tokenizer, self.probe_prompts, cfg=self.cfg)
-                if calibrated
-                else KVScales.unit(model.config)
-            )
-        return model
-
-    def new_cache(self):
-        """An empty KV cache of the engine's kind (None = the model's default). The FP8 cache keeps a
-        working copy on CPU only (faster there); on a GPU it holds one byte per element (quant.Fp8KVLayer)."""
-        if self.cfg.kv_cache != "fp8":
-            return None
-        return fp8_kv_cache(self.kv_scales, working_copy=self.device.type == "cpu")
-
-    def generate(self, prompts: list[str], generator: torch.Generator | None = None) -> Rollout:
-        """Sample with the served weights, recording the engine's distributions (see the module docstring)."""
-        return generate(
-            self.model,
-            self.tokenizer,
-            prompts,
-            cfg=self.cfg,
-            generator=generator,
-            version=self.version,
-            cache=self.new_cache(),
-            record=True,
-        )
-
-
-# ---------------------------------------------------------------------------------------------------
-# The engine's command-line flags, shared by train.py, mismatch.py and admit.py
-
-
-def add_rollout_args(g, sampling: bool = True) -> None:
-    """The rollout engine flags (sampling=False: the policies at temperature 1, for measurement)."""
-    d = RolloutConfig()
-    if sampling:
-        g.add_argument(
-            "--temperature",
-            type=temperature_value,
-            default=d.temperature,
-            help="sampling temperature; 0 = greedy (default: %(default)s, the policy itself)",
-        )
-        g.add_argument(
-            "--top-p",
-            type=fraction,
-            default=d.top_p,
-            help="nucleus mass; 1 = no truncation (default: %(default)s)",
-        )
-    g.add_argument("--max-new-tokens", type=length_int, help="response length limit (default: the pair's)")
-    g.add_argument(
-        "--weights",
-        default=d.weights,
-        choices=WEIGHTS,
-        help="engine weights: fp8 = weight-only; fp8-dyn = W8A8, CUDA sm>=8.9; fp8-emu = W8A8 emulated "
-        "(default: %(default)s)",
-    )
-    g.add_argument(
-        "--fp8-skip",
-        default=",".join(d.fp8_skip),
-        help="comma-separated module-name patterns kept in high precision under fp8 weights "
-        "('' = quantize every Linear; default: %(default)s)",
-    )
-    g.add_argument(
-        "--kv-cache",
-        default=d.kv_cache,
-        choices=KV_CACHES,
-        help="KV cache: model = engine dtype; fp8 = e4m3 with per-head scales (default: %(default)s)",
-    )
-    g.add_argument(
-        "--kv-scales",
-        default=d.kv_scales,
-        choices=KV_SCALES,
-        help="fp8 KV scales: calibrated = amax/448 on probe prompts; unit = 1.0 (default: %(default)s)",
-    )
-    g.add_argument(
-        "--staleness",
-        type=nonneg_int,
-        default=d.staleness,
-        help="optimizer steps the engine lags behind the trainer; 0 = synchronous (default: %(default)s)",
-    )
-    g.add_argument(
-        "--noise",
-        type=noise_sigma,
-        default=d.noise,
-        help="relative std of Gaussian noise on the engine's weights; 0 = none (default: %(default)s)",
-    )
-
-
-def rollout_config_from_args(args, pair: str) -> RolloutConfig:
-    """A RolloutConfig from the add_rollout_args flags (temperature 1 and top-p 1 where they are absent); the
-    response length is --max-new-tokens when given, else the pair's (config.MAX_NEW_TOKENS)."""
-    d = RolloutConfig()
-    return RolloutConfig.for_pair(
-        pair,
-        temperature=getattr(args, "temperature", d.temperature),
-        top_p=getattr(args, "top_p", d.top_p),
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        weights=args.weights,
-        fp8_skip=tuple(p for p in args.fp8_skip.split(",") if p),
-        kv_cache=args.kv_cache,
-        kv_scales=args.kv_scales,
-        staleness=args.staleness,
-        noise=args.noise,
-    )
-
-
-def main(argv=None) -> None:
-    d = RolloutConfig()
-    parser = Parser(description="Sample responses with the rollout engine and print them.")
-    parser.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
-    parser.add_argument(
-        "--n", type=batch_int, default=4, help="number of held-out prompts (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--temperature", type=temperature_value, default=d.temperature, help="0 = greedy (default: 1.0)"
-    )
-    parser.add_argument(
-        "--top-p", type=fraction, default=d.top_p, help="1 = no truncation (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--max-new-tokens",
-        type=length_int,
-        help="length limit (default: the pair's, "
-        + ", ".join(f"{MAX_NEW_TOKENS[p]} {p}" for p in PAIRS)
-        + ")",
-    )
-    parser.add_argument("--seed", type=seed_int, default=d.seed, help="sampling seed (default: %(default)s)")
-    args = parser.parse_args(argv)
-    try:
-        cfg = RolloutConfig.for_pair(
-            args.pair,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-        )
-        pair = load_pair(args.pair)
-        check_prompts(pair, cfg.max_new_tokens)
-        prompts = [format_prompt(pair.tokenizer, p.text) for p in held_out(pair, args.n, "--n")]
-        t0 = time.time()
-        rollout = generate(pair.student, pair.tokenizer, prompts, cfg=cfg)
-    except EXPECTED as e:
-        fail(e)
-    print(f"config: {asdict(cfg)}  ({time.time() - t0:.2f}s)")
-    for p, r, lp, m in zip(
-        pair.eval_prompts, rollout.responses(pair.tokenizer), rollout.logprobs, rollout.response_mask
-    ):
-        print(f"{p.text!r} -> {r!r}   sum log q = {lp[m.bool()].sum():.2f} over {int(m.sum())} tokens")
-
-
-if __name__ == "__main__":
-    main()

@@ -7,9 +7,11 @@ noise draw per configuration; `admit.py check` measures a candidate the same way
 probes with a fresh noise draw per batch), and its final held-out reverse KL. Measuring both on probes
 matters: the mean `mismatch_kl` over training is on other prompts and a moving student, and its ratio to
 the probe number depends on the source. The quality loss of a point is its final eval reverse KL minus that
-of the baseline run with the same seed: paired runs share prompts and sampling seeds, so seed-to-seed
-spread cancels. The tolerance is a fraction (default 5%) of the baseline's improvement over step 0. The
-budget is read off a monotone (isotonic, non-decreasing) fit of quality loss against mismatch over all
+of the baseline run with the same seed. Paired runs share prompts and sampling seeds, yet over hundreds of
+sampled steps their trajectories part, so pairing cancels little of the seed-to-seed spread (budget.json's
+noise records the paired SD beside the baseline's): seeds are added by power instead (--max-seeds). The
+tolerance is a fraction (config.STUDY_TOLERANCE) of the baseline's improvement over step 0. The budget is
+read off a monotone (isotonic, non-decreasing) fit of quality loss against mismatch over all
 points and seeds, never off a single noisy point:
     budget = the mismatch where the fitted loss first crosses the tolerance
              (linear interpolation between the fitted points around the crossing).
@@ -66,21 +68,31 @@ from cli import (
     path_text,
     positive_int,
 )
-from config import CHECK_PROBES, DEFAULT_PAIR, DEFAULT_PAIR_HELP, DEVICES, PAIRS, STUDY_TRAIN
+from cli import learning_rate as lr_value
+from config import (
+    CHECK_PROBES,
+    DEFAULT_PAIR,
+    DEFAULT_PAIR_HELP,
+    DEVICES,
+    PAIRS,
+    STUDY_TOLERANCE,
+    STUDY_TRAIN,
+)
 from evaluate import evaluate
+from lab.atomic import atomic_write_text
+from lab.hf_pairs import pair_files, prompts_sha256
+from lab.runfiles import atomic_savefig, load_checkpoint, read_metrics, run_seconds
+from lab.train_args import add_pair_files, pair_config
 from mismatch import measure_config
 from models import (
     device_label,
     format_prompt,
     held_out,
     load_pair,
-    pair_files,
-    prompts_sha256,
     resolve_device,
 )
 from rollout import RolloutConfig
-from lab.runfiles import atomic_savefig, atomic_write_text, load_checkpoint, read_metrics, run_seconds
-from train import add_pair_files, pair_config, run_or_resume
+from train import run_or_resume
 
 # ---------------------------------------------------------------------------------------------------
 # The budget fit (pure)
@@ -174,7 +186,7 @@ def budget_ci(points: list[dict], fraction: float, draws: int = BUDGET_CI_DRAWS,
 # calibrate
 
 
-STALE_AXIS = "every point but the stale runs, which check judges on their own axis (admit.stale_axis)"
+STALE_AXIS = "every point but the stale runs, which check judges on their own axis (verdict.stale_axis)"
 
 
 def fit_points(points: list[dict], loss: str) -> list[dict]:
@@ -195,6 +207,8 @@ def budget_fit(points: list[dict], loss: str, fraction: float, tol: float, seeds
         "budget": fit["budget"],
         "how": fit["how"],
         "budget_ci": budget_ci(fitted, fraction) if seeds > 1 else None,
+        "method": "isotonic fit of quality loss vs mismatch over the points fitted_to names, all seeds; "
+        "budget where the fit crosses the tolerance",
         "fitted_to": "every point" if loss == "analytic" else STALE_AXIS,
         "fit": {"mismatch": fit["x"], "quality_loss": fit["fit"]},
     }
@@ -280,7 +294,7 @@ def train_settings(pair: str, **loss) -> dict:
 
 
 def study_config(pair: str, **overrides):
-    """train.pair_config with the study's settings (config.STUDY_TRAIN, then the loss's own rate,
+    """lab.train_args.pair_config with the study's settings (config.STUDY_TRAIN, then the loss's own rate,
     study_recipe) in place of the pair's demo defaults, then the overrides."""
     label = loss_label(
         overrides.get("loss", "analytic"),
@@ -337,8 +351,8 @@ def paired_quality_losses(points: list[dict], tolerance: float) -> tuple[float, 
 
 def own_pair(args) -> tuple[str, dict]:
     """The pair a calibration is for, read from its flags as train.py reads them: "custom" with --teacher and
-    --student (they replace --pair), else --pair; and the files it loads (models.pair_files), refused now
-    when missing, before any run."""
+    --student (they replace --pair), else --pair; and the files it loads (lab.hf_pairs.pair_files), refused
+    now when missing, before any run."""
     if (args.teacher is None) != (args.student is None):
         raise BadInput("--teacher and --student must be given together")
     if args.teacher is not None and args.prompts is None:
@@ -350,9 +364,9 @@ PAIR_KEYS = ("teacher", "student", "prompts_sha256")  # what budget.json names o
 
 
 def pair_record(files: dict) -> dict:
-    """budget.json's record of the files a pair was loaded from (models.pair_files: the teacher and student
-    of a custom pair, the prompts file) and the sha256 of its prompts, whose held-out tenth are the probes
-    the budget's scale is measured on; {} for an embedded pair as it ships."""
+    """budget.json's record of the files a pair was loaded from (lab.hf_pairs.pair_files: the teacher and
+    student of a custom pair, the prompts file) and the sha256 of its prompts, whose held-out tenth are the
+    probes the budget's scale is measured on; {} for an embedded pair as it ships."""
     return {**files, **({"prompts_sha256": prompts_sha256(files["prompts"])} if "prompts" in files else {})}
 
 
@@ -409,32 +423,31 @@ def calibrate(
     loss: dict | None = None,
     reuse: dict | None = None,
     files: dict | None = None,
+    max_seeds: int | None = None,
 ) -> dict:
-    """The budget of `pair` (loaded from `files`: models.pair_files) for the OPD loss `loss` ({"loss":
-    estimator, "tis_cap": C}; None: analytic), taking the points of `reuse` (reused_record) as recorded."""
+    """The budget of `pair` (loaded from `files`: lab.hf_pairs.pair_files) for the OPD loss `loss` ({"loss":
+    estimator, "tis_cap": C}; None: analytic), taking the points of `reuse` (reused_record) as recorded;
+    `seeds` seeds per configuration, more up to `max_seeds` while under-powered (powered_points)."""
     loss, files = loss or {"loss": "analytic", "tis_cap": 0.0}, files or {}
-    points = calibration_points(
+    points, tol, base, seeds, power = powered_points(
         pair,
         out,
         noise_grid,
         real=real,
         steps=steps,
         seeds=seeds,
+        max_seeds=max_seeds or seeds,
+        tolerance=tolerance,
         device=device,
         n_probes=n_probes,
         loss=loss,
-        reused=reuse["points"] if reuse else [],
-        reused_on=reuse["device"] if reuse else None,
+        reuse=reuse,
         files=files,
     )
-    tol, base = paired_quality_losses(points, tolerance)
-    recorded_sd = reuse["noise"]["eval_sd_by_prompts"] if reuse else None
     budget = {
         **budget_header(pair, loss=loss, command=command, device=device, files=files),
         **tolerance_record(points, base, tol=tol, fraction=tolerance),
         **budget_fit(points, loss["loss"], fraction=tolerance, tol=tol, seeds=seeds),
-        "method": "isotonic fit of quality loss vs mismatch over the points fitted_to names, all seeds; "
-        "budget where the fit crosses the tolerance",
         "steps": steps,
         "train_settings": {**train_settings(pair, **loss), "tis_cap": json_cap(loss["tis_cap"])},
         "seeds": seeds,
@@ -448,13 +461,62 @@ def calibrate(
             tol=tol,
             seeds=seeds,
             device=device,
-            recorded=recorded_sd,
+            recorded=reuse["noise"]["eval_sd_by_prompts"] if reuse else None,
             files=files,
         ),
+        "power": power,
         **reuse_entry(reuse, points),
         "points": points,
     }
     return write_budget(budget, out)
+
+
+def powered_points(
+    pair: str,
+    out: Path,
+    noise_grid,
+    *,
+    seeds: int,
+    max_seeds: int,
+    tolerance: float,
+    loss: dict,
+    reuse,
+    **run,
+) -> tuple[list[dict], float, dict, int, list[dict]]:
+    """calibration_points with seeds by power. Every configuration runs `seeds` seeds; while the budget is
+    under-powered (se of a configuration's mean paired loss > tol / POWER_RULE, paired_loss_gate) and fewer
+    than `max_seeds` ran, every configuration gets the seeds the measured spread asks for,
+        n = ceil((POWER_RULE · sd / tol)²),  at least one more and at most max_seeds,
+    and the fit is redone (finished runs are reused). Returns the points (paired losses set), the tolerance
+    in nats, the baselines by seed, the seeds run and budget.json's `power` record (each round's spread).
+    `run`: the other arguments of calibration_points."""
+    rounds = []
+    while True:
+        points = calibration_points(
+            pair,
+            out,
+            noise_grid,
+            seeds=seeds,
+            loss=loss,
+            reused=reuse["points"] if reuse else [],
+            reused_on=reuse["device"] if reuse else None,
+            **run,
+        )
+        tol, base = paired_quality_losses(points, tolerance)
+        gate = paired_loss_gate(points, tol=tol, seeds=seeds, loss=loss["loss"])
+        rounds.append({"seeds": seeds, **{k: gate[k] for k in ("paired_loss_sd", "se_over_tolerance")}})
+        if not gate["under_powered"] or seeds >= max_seeds:
+            power = {"rule": f"SE <= tolerance / {POWER_RULE}", "max_seeds": max_seeds, "rounds": rounds}
+            return points, tol, base, seeds, power
+        seeds = min(max_seeds, max(seeds + 1, seeds_for_power(gate["paired_loss_sd"], tol) or 0))
+
+
+def seeds_for_power(sd: float | None, tol: float) -> int | None:
+    """The seeds per configuration at which a paired loss of spread `sd` has SE = sd/√n <= tol / POWER_RULE:
+    n = ceil((POWER_RULE · sd / tol)²), at least 2; None without a measured spread."""
+    if sd is None:
+        return None
+    return max(2, math.ceil((POWER_RULE * sd / tol) ** 2 - 1e-9))
 
 
 def write_budget(budget: dict, out: Path) -> dict:
@@ -489,7 +551,7 @@ def calibration_points(
     probe-measured mismatch: the points calibrate fits the budget to. A configuration and seed that
     `reused` (a recorded calibration's points, same settings) holds is taken from it, marked "reused",
     with the machine it trained on (its own trained_on, else `reused_on`, the record's device).
-    `files`: the --teacher/--student/--prompts the pair loads (models.pair_files), for the runs too."""
+    `files`: the --teacher/--student/--prompts the pair loads (lab.hf_pairs.pair_files), for the runs too."""
     files = files or {}
     plan = [
         (label, over, seed) for label, over in calibration_configs(noise_grid, real) for seed in range(seeds)
@@ -703,7 +765,7 @@ def paired_loss_gate(points: list[dict], *, tol: float, seeds: int, loss: str) -
     fitted to, fit_points, whose mean loss lies within NEAR × tol), whose standard error over `seeds` seeds,
     se = sd / √seeds, is that of one configuration's mean paired loss. The tolerance should be ≥ 2·se
     (refuse_noise). A sampled-token loss's stale runs are left out as the fit leaves them out: check judges
-    staleness by them on its own axis (admit.stale_axis), never by the fitted curve."""
+    staleness by them on its own axis (verdict.stale_axis), never by the fitted curve."""
     sd = paired_loss_sd(fit_points(points, loss), near=NEAR * tol)
     se = sd / math.sqrt(seeds) if sd is not None else None
     pooled = "configurations whose mean |quality loss| <= {:g} × tolerance".format(NEAR)
@@ -793,6 +855,33 @@ def add_loss_args(group) -> None:
     )
 
 
+def add_run_args(group) -> None:
+    """--steps, --lr, --seeds and --max-seeds: the runs each configuration trains."""
+    group.add_argument(
+        "--steps",
+        type=positive_int,
+        help="OPD steps per run (default: the study's, "
+        + ", ".join(f"{study_config(p).steps} {p}" for p in PAIRS)
+        + ")",
+    )
+    group.add_argument(
+        "--lr",
+        type=lr_value,
+        help="peak learning rate of every run (default: the loss's own, chosen by `python -m study lr`; "
+        "the study's while that result is incomplete); budget.json records it in train_settings",
+    )
+    group.add_argument(
+        "--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-seeds",
+        type=positive_int,
+        help="seeds by power: while the budget is under-powered (SE of a configuration's mean quality loss "
+        f"> tolerance / {POWER_RULE}), add the seeds its measured spread asks for, up to this many "
+        "(default: --seeds, no more)",
+    )
+
+
 def build_parser() -> Parser:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default=DEFAULT_PAIR, choices=PAIRS, help=DEFAULT_PAIR_HELP)
@@ -811,20 +900,11 @@ def build_parser() -> Parser:
         help="real configurations: fp8, fp8-emu, kv-fp8, kv-fp8-unit, staleness-K "
         "('' = none; default: %(default)s)",
     )
-    parser.add_argument(
-        "--steps",
-        type=positive_int,
-        help="OPD steps per run (default: the study's, "
-        + ", ".join(f"{study_config(p).steps} {p}" for p in PAIRS)
-        + ")",
-    )
-    parser.add_argument(
-        "--seeds", type=positive_int, default=2, help="seeds per configuration (default: %(default)s)"
-    )
+    add_run_args(parser.add_argument_group("the runs: how long, at which rate, how many seeds"))
     parser.add_argument(
         "--tolerance",
         type=open_fraction,
-        default=0.05,
+        default=STUDY_TOLERANCE,
         help="allowed quality loss, a fraction of the baseline's improvement (default: %(default)s)",
     )
     parser.add_argument(
@@ -860,6 +940,7 @@ def main(argv=None) -> None:
         calibration_configs([], real)  # refuses an unknown --real before any run starts
         command = shlex.join(["python", "-m", "lab.calibrate", *(sys.argv[1:] if argv is None else argv)])
         loss = {"loss": args.loss, "tis_cap": args.tis_cap, "center_advantages": args.center_advantages}
+        loss.update({"lr": args.lr} if args.lr else {})  # the recipe: a rate of one's own
         steps = args.steps or study_config(pair, **loss).steps
         wanted = {
             "pair": pair,
@@ -878,6 +959,7 @@ def main(argv=None) -> None:
             real=real,
             steps=steps,
             seeds=args.seeds,
+            max_seeds=args.max_seeds,
             tolerance=args.tolerance,
             device=device,
             n_probes=args.probes,

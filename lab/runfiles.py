@@ -1,7 +1,7 @@
 """A run folder, runs/<name>/: its lock, config, metrics, checkpoints and plots.
 
     .lock            {"pid", "host"} of the process that owns the folder, held with flock(2) while it runs
-    config.json      every setting (train.TrainConfig, RolloutConfig inside), and the run's id (run_id)
+    config.json      every setting (lab.train_args.TrainConfig, RolloutConfig inside) and the run id
     metrics.jsonl    one strict-JSON object per step, appended and fsync'ed (a non-finite number is null)
     checkpoint.pt    weights, AdamW state, the engine's batches, the config, a copy of the metric records and
                      the run id (a resume refuses a checkpoint of another run: `check_run_id`);
@@ -17,8 +17,8 @@ Safe by construction:
 - a run name is one path component (`check_run_name`), and what is read back on resume is typed: config.json
   (`load_config`), the checkpoint (`load_checkpoint`), and the metrics against the checkpoint's copy
   (`reconcile_metrics`);
-- every write goes through cli.atomic_write / cli.append_text: a full disk is one line, exit 5, and nothing
-  half-written.
+- every write goes through lab.atomic (atomic_write, append_text): a full disk is one line, exit 5, and
+  nothing half-written.
 """
 
 import dataclasses
@@ -38,7 +38,8 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from cli import BadInput, WriteFailed, append_text, atomic_write, atomic_write_text, check_output_dir
+from cli import BadInput, WriteFailed, check_output_dir
+from lab.atomic import append_text, atomic_write, atomic_write_text
 
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "curves.png")
 
@@ -394,7 +395,8 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 def resume_command(cfg) -> str:
-    """The command that resumes the run of cfg (a train.TrainConfig), for the line an interrupted run ends."""
+    """The command that resumes the run of cfg (a lab.train_args.TrainConfig), for the line an interrupted
+    run ends."""
     return shlex.join(["python", "train.py", "--out-dir", cfg.out_dir, "--name", cfg.name, "--resume"])
 
 

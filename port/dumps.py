@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from cli import BadInput, atomic_write_text
+from cli import BadInput
+from lab.atomic import atomic_write_text
 
 MIN_LOGPROB = -1e4  # a log-prob below it is below what fp32 softmax can produce (about -104 nats)
 MAX_SEQUENCES = 100_000

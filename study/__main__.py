@@ -30,10 +30,11 @@ from config import (
     DEVICES,
     PAIRS,
 )
+from lab.rollout_args import add_rollout_args
 from mismatch import probe_defaults
 from models import resolve_device
 from quant import FP8_WEIGHTS
-from rollout import RolloutConfig, add_rollout_args
+from rollout import RolloutConfig
 from study.coverage import DRAWS, SIZE, run_coverage
 from study.drift import drift, drift_table
 from study.lr import LR_SEEDS, lr_sweep, lr_table

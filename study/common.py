@@ -9,7 +9,8 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from lab.calibrate import short_run
-from lab.runfiles import atomic_savefig, atomic_write_text
+from lab.atomic import atomic_write_text
+from lab.runfiles import atomic_savefig
 
 RESULTS = Path("results")
 

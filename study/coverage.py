@@ -22,12 +22,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from lab.hf_pairs import cache_dir
+from lab.atomic import atomic_write_text
+from mismatch import measure_config
+from models import format_prompt, load_pair
 from port.dumps import Dump
 from port.estimate import dump_estimate
-from mismatch import measure_config
-from models import cache_dir, format_prompt, load_pair
 from rollout import RolloutConfig
-from lab.runfiles import atomic_write_text
 from study.common import RESULTS, slug
 
 CELLS = (

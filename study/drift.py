@@ -20,8 +20,9 @@ import statistics
 from pathlib import Path
 
 from budget import loss_label, read_budget
+from cli import BadInput
+from lab.atomic import atomic_write_text
 from lab.calibrate import run_name
-from cli import BadInput, atomic_write_text
 from lab.runfiles import read_metrics
 from study.common import RESULTS
 

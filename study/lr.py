@@ -19,6 +19,7 @@ resumes after a stop and a partial result already covers every cell once.
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from budget import json_cap
@@ -134,6 +135,36 @@ def losses() -> dict:
     }
 
 
+QUALITY_MEASURES = {  # the candidate measures of a run's final quality, from its evaluations (step, eval_rkl)
+    "final": lambda evals: evals[-1][1],
+    "mean of the last two": lambda evals: statistics.fmean(e[1] for e in evals[-2:]),
+}
+
+
+def seed_noise(points: list[dict]) -> dict:
+    """Where the noise of a run's quality comes from, per loss: the across-seed SD of each QUALITY_MEASURES
+    measure, pooled over the rates where every finished seed stayed finite and none diverged,
+        sd² = Σ_rate Σ_seed (x − mean_rate)² / Σ_rate (seeds_rate − 1),
+    with its degrees of freedom. Seeds differ in training prompts, sampling and initial order only (the
+    evaluation prompts are the same held-out set), so this is training noise plus the evaluation's own
+    sampling noise, which lab.calibrate.eval_noise measures apart."""
+    out = {}
+    for label in STUDY_LOSSES:
+        groups: dict[float, list[dict]] = {}
+        for p in points:
+            if p["loss"] == label and p.get("eval_rkl_by_step"):
+                groups.setdefault(p["lr"], []).append(p)
+        ok = [g for g in groups.values() if len(g) > 1 and not any(p["diverged"] for p in g)]
+        dof = sum(len(g) - 1 for g in ok)
+        row = {"dof": dof}
+        for name, measure in QUALITY_MEASURES.items():
+            values = [[measure(p["eval_rkl_by_step"]) for p in g] for g in ok]
+            ss = sum((x - statistics.fmean(v)) ** 2 for v in values for x in v)
+            row[name] = math.sqrt(ss / dof) if dof else None
+        out[label] = row
+    return out
+
+
 def lr_result(pair: str, points: list[dict], seeds: int, device: str) -> dict:
     cells, chosen = choose(points, LR_GRID[pair], seeds)
     complete = len(points) == len(LR_GRID[pair]) * len(STUDY_LOSSES) * seeds
@@ -150,6 +181,7 @@ def lr_result(pair: str, points: list[dict], seeds: int, device: str) -> dict:
         "settings": sweep_settings(pair),
         "losses": losses(),
         "chosen": chosen if complete else {},
+        "seed_noise": seed_noise(points),
         "cells": cells,
         "points": points,
     }
@@ -223,4 +255,23 @@ def lr_table(result: dict) -> str:
     state = (
         "complete" if result["complete"] else "incomplete: no rate chosen yet; rerun the command to continue"
     )
-    return "\n".join(rows) + f"\n\nFinal held-out reverse KL, nats/token ({state}; {result['device']})."
+    table = "\n".join(rows) + f"\n\nFinal held-out reverse KL, nats/token ({state}; {result['device']})."
+    return table + noise_table(result.get("seed_noise"))
+
+
+def noise_table(noise: dict | None) -> str:
+    """seed_noise as a markdown table: per loss, the pooled across-seed SD of each quality measure."""
+    if not noise:
+        return ""
+    names = list(QUALITY_MEASURES)
+    rows = [
+        "| loss | " + " | ".join(f"SD of the {n}" for n in names) + " | dof |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]
+    for label, row in noise.items():
+        cells = [f"{row[n]:.3f}" if row[n] is not None else "—" for n in names]
+        rows.append(f"| {label} | " + " | ".join(cells) + f" | {row['dof']} |")
+    return (
+        "\n\nSeed noise: the across-seed SD of a run's held-out reverse KL, pooled over the rates where no "
+        "seed diverged (training seeds and the evaluation's own sampling together).\n\n" + "\n".join(rows)
+    )

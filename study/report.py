@@ -6,13 +6,13 @@ python -m study report
 import json
 from pathlib import Path
 
-from lab.calibrate import paired_loss_gate
-from cli import BadInput, atomic_write_text
+from cli import BadInput
 from config import PAIRS
+from lab.atomic import atomic_write_text
+from lab.calibrate import paired_loss_gate
 from study.common import RESULTS
 from study.coverage import coverage_table
 from study.drift import drift_table
-from study.lr import lr_table
 from study.losses import (
     budget_interval,
     budget_text,
@@ -23,6 +23,7 @@ from study.losses import (
     plot_losses,
     reference_budgets,
 )
+from study.lr import lr_table
 from study.opd_vs_rl import rl_table
 from study.prefix import prefix_table
 from study.time_to_quality import async_table

@@ -11,12 +11,13 @@ import time
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from cli import atomic_write_text, check_output_dir
+from cli import check_output_dir
+from lab.atomic import atomic_write_text
+from lab.runfiles import atomic_savefig
 from mismatch import measure_config
 from models import device_label, format_prompt, held_out, load_pair
 from quant import kv_bytes_per_token
 from rollout import RolloutConfig
-from lab.runfiles import atomic_savefig
 
 
 def block_skip(n_layers: int, quantized: set[int]) -> tuple:

@@ -6,11 +6,11 @@ steps ago (admit.stale_versions: the study's training settings, seed 0, from the
 """
 
 from admit import stale_versions
-from lab.calibrate import train_settings
 from config import DEFAULT_PROBES, MEASURE_PROBES
+from lab.calibrate import train_settings
+from lab.rollout_args import rollout_config_from_args
 from mismatch import measure_sources, print_results
 from models import format_prompt, held_out, load_pair
-from rollout import rollout_config_from_args
 
 
 def run_sources(args, device: str) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from lab.train_args import pair_config
 from models import device_label
 from study.common import RESULTS, plt_axes, save_figure, write
-from train import pair_config, run_or_resume
+from train import run_or_resume
 
 # ---------------------------------------------------------------------------------------------------
 # async: time-to-quality

@@ -1,5 +1,8 @@
-"""Shared fixtures: the committed tiny pair, a random tiny model, and an assert_close that reports sizes."""
+"""Shared fixtures: the committed tiny pair, a random tiny model, an assert_close that reports sizes, and
+run_cli, a project command run in a subprocess."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +13,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models import load_pair, tiny_config, tiny_tokenizer  # noqa: E402
+
+
+def run_cli(*args, cwd, entry: str = "admit.py") -> subprocess.CompletedProcess:
+    """Run a project command from `cwd`: a script (admit.py) or a module (lab.calibrate, run with -m), offline,
+    with the repository on the path."""
+    command = ["-m", entry] if not entry.endswith(".py") else [str(ROOT / entry)]
+    return subprocess.run(
+        [sys.executable, *command, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+    )
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, what: str = "") -> None:

@@ -1,119 +1,19 @@
-"""The verdict rule, and admit.py's CLIs against a calibration `python -m lab.calibrate` writes here (the
-budget fit itself: tests/test_calibrate.py)."""
+"""admit.py's CLIs against a calibration `python -m lab.calibrate` writes here (the verdict rule:
+tests/test_verdict.py; the budget fit itself: tests/test_calibrate.py)."""
 
 import json
-import math
-import os
-import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
-from admit import budget_band, judge, verdict
 from budget import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_stale_candidate_against_a_sampled_token_budget_is_judged_on_the_staleness_axis():
-    """A sampled-token loss feels staleness beyond its per-token KL: check judges a stale candidate by the
-    calibration's own stale runs (means over seeds): reject at or beyond a staleness that lost, the scale's
-    verdict at or below one that stayed within, uncertain otherwise; never for the analytic loss or a fresh
-    engine. And the budget's curve is fitted without the stale runs, for sampled-token losses only."""
-    from admit import stale_axis, with_stale_axis
-    from lab.calibrate import fit_points
-
-    def stale(k, losses):
-        return [{"source": f"staleness {k}", "mismatch": 0.002, "quality_loss": q} for q in losses]
-
-    noise = [{"source": "noise 0.1", "mismatch": 0.2, "quality_loss": 0.04}]
-    budget = {
-        "loss": "sampler",
-        "tis_cap": math.inf,
-        "points": stale(2, (0.05, 0.07)) + noise,
-        "tolerance": {"nats": 0.031},
-    }
-    for k in (2, 4):
-        axis = stale_axis(budget, staleness=k)
-        assert axis["verdict"] == "reject", axis
-        assert (
-            "staleness 2: 0.002 nats/token, quality loss +0.060 (2 seeds); tolerance 0.031" in axis["reason"]
-        )
-        assert "noise" not in axis["reason"]
-    below = stale_axis(budget, staleness=1)
-    assert below["verdict"] == "uncertain" and "calibrate with --real staleness-1" in below["reason"], below
-    within = {**budget, "points": stale(2, (0.01, 0.02)) + noise}
-    assert stale_axis(within, staleness=1) is None and stale_axis(within, staleness=2) is None
-    assert stale_axis(within, staleness=3)["verdict"] == "uncertain"
-    assert stale_axis(budget, staleness=0) is None
-    assert stale_axis({**budget, "loss": "analytic", "tis_cap": 0.0}, staleness=2) is None
-    assert "stale runs: none" in stale_axis({**budget, "points": noise}, staleness=2)["reason"]
-    # the axis overrules an admit or an uncertain, and rejects; it never turns the scale's reject into less
-    admit, reject = {"verdict": "admit"}, {"verdict": "reject"}
-    assert with_stale_axis(admit, below) is below and with_stale_axis(reject, below) is reject
-    assert (
-        with_stale_axis(admit, None) is admit
-        and with_stale_axis(admit, stale_axis(budget, 2))["verdict"] == "reject"
-    )
-    assert fit_points(budget["points"], "sampler") == noise
-    assert fit_points(budget["points"], "analytic") == budget["points"]
-
-
-def test_the_verdict_decides_against_the_budgets_own_interval():
-    """Never admits unless the whole CI lies below the budget's interval; a point budget (no band, or a band
-    of width 0, half the draws) is its own interval."""
-    rng = random.Random(1)
-    for i in range(10000):
-        lo = rng.uniform(0, 1)
-        hi = lo + rng.uniform(0, 1)
-        mean = rng.uniform(lo, hi)
-        b_lo = rng.uniform(0, 2)
-        budget = b_lo + rng.uniform(0, 0.5) * (i % 2)
-        b_hi = budget + rng.uniform(0, 0.5) * (i % 2)
-        band = (b_lo, b_hi) if i % 4 else None
-        v = verdict(lo, hi, mean, budget, 64, band=band)
-        assert v["verdict"] == ("admit" if hi < b_lo else "reject" if lo > b_hi else "uncertain")
-        if v["verdict"] == "uncertain" and b_lo <= mean <= b_hi:
-            assert v["extra_probes"] is None, "inside the budget's interval more probes cannot decide"
-    # a candidate above the point budget but inside its interval is not rejected
-    assert verdict(1.1, 1.3, 1.2, 1.0, 64)["verdict"] == "reject"
-    v = verdict(1.1, 1.3, 1.2, 1.0, 64, band=(0.9, 1.5))
-    assert v["verdict"] == "uncertain" and "calibration seeds" in v["reason"]
-    assert verdict(1.6, 1.8, 1.7, 1.0, 64, band=(0.9, 1.5))["verdict"] == "reject"
-    v = verdict(0.5, 0.95, 0.7, 1.0, 64, band=(0.9, 1.5))  # below the interval: probes can decide
-    assert v["verdict"] == "uncertain" and v["extra_probes"] == math.ceil(64 * (0.225 / 0.2) ** 2) - 64
-
-
-def test_a_budget_open_above_never_rejects():
-    ci = {"lo": 0.8, "hi": None}
-    crossing = {"budget": 1.0, "how": "crossing", "budget_ci": ci}
-    assert budget_band(crossing) == (0.8, math.inf)
-    assert budget_band({**crossing, "budget_ci": None}) == (1.0, 1.0), "one seed: the point alone"
-    assert budget_band({**crossing, "how": "all-within", "budget_ci": None}) == (1.0, math.inf)
-    far = {"mismatch_kl": 50.0, "ci_low": 40.0, "ci_high": 60.0}
-    v = judge(crossing, far, 64, available=64)
-    assert v["verdict"] == "uncertain" and "beyond the lower end" in v["reason"]
-    assert judge(crossing, {"mismatch_kl": 0.5, "ci_low": 0.4, "ci_high": 0.6}, 64, 64)["verdict"] == "admit"
-
-
-def test_uncertain_estimates_extra_probes():
-    v = verdict(0.8, 1.2, 1.05, 1.0, 64)
-    assert v["verdict"] == "uncertain" and v["extra_probes"] == 64 * 16 - 64  # half-width 0.2 vs gap 0.05
-
-
 def cli(*args, cwd, script="admit.py"):
-    """Run a project CLI: a script path (admit.py) or a module (-m lab.calibrate), from `cwd`."""
-    entry = ["-m", script] if not script.endswith(".py") else [str(ROOT / script)]
-    return subprocess.run(
-        [sys.executable, *entry, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
-    )
+    return run_cli(*args, cwd=cwd, entry=script)
 
 
 def calibrate_cli(*args, cwd):
@@ -291,10 +191,10 @@ def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
     the same samples inside its CI, and a .pt dump of the same numbers gives the same estimate."""
     import torch
 
-    from port.dumps import read_dump, write_dump
-    from port.estimate import dump_estimate
     from mismatch import measure_config
     from models import format_prompt
+    from port.dumps import read_dump, write_dump
+    from port.estimate import dump_estimate
     from rollout import RolloutConfig
 
     probes = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_pair.eval_prompts[:128]]
@@ -328,9 +228,9 @@ def test_dump_estimate_brackets_the_exact_kl(tiny_pair, tmp_path, over):
 
 @pytest.mark.slow
 def test_check_dump_cli_gives_a_verdict_and_its_exit_code(tiny_pair, tmp_path):
-    from port.dumps import write_dump
     from mismatch import measure_config
     from models import format_prompt
+    from port.dumps import write_dump
     from rollout import RolloutConfig
 
     probes = [format_prompt(tiny_pair.tokenizer, p.text) for p in tiny_pair.eval_prompts[:32]]

@@ -291,10 +291,11 @@ def write_bad_runs(root: Path) -> None:
 def workdir(tmp_path_factory):
     """A folder with the fixtures and a finished 2-step tiny run (runs/done) and a corrupt copy of it."""
     import train
+    from lab.train_args import pair_config
 
     root = tmp_path_factory.mktemp("bad")
     write_fixtures(root)
-    cfg = train.pair_config(
+    cfg = pair_config(
         "tiny",
         steps=2,
         batch_size=4,
@@ -443,10 +444,10 @@ OTHERS = [
     ("mismatch", ["--prompts", "missing.jsonl"], "missing.jsonl"),
     ("mismatch", ["--dump-out", "no/such/dir/x.jsonl"], "--dump-out"),
     ("mismatch", ["--noise", "1e38"], "noise"),
-    ("quant", ["kv-capacity", "--memory-gb", "nan"], "--memory-gb"),
-    ("quant", ["kv-capacity", "--memory-gb", "inf"], "--memory-gb"),
-    ("quant", ["kv-capacity", "--memory-gb", "0"], "--memory-gb"),
-    ("quant", ["kv-capacity", "--pairs", "foo"], "'foo'"),
+    ("lab.kv_capacity", ["--memory-gb", "nan"], "--memory-gb"),
+    ("lab.kv_capacity", ["--memory-gb", "inf"], "--memory-gb"),
+    ("lab.kv_capacity", ["--memory-gb", "0"], "--memory-gb"),
+    ("lab.kv_capacity", ["--pairs", "foo"], "'foo'"),
     ("admit", ["check", "--budget", "good_budget.json", "--probes", "0"], "--probes"),
     ("admit", ["check", "--budget", "good_budget.json", "--probes", "-3"], "--probes"),
     ("admit", ["check", "--budget", "missing.json"], "missing.json"),
@@ -494,8 +495,8 @@ OTHERS = [
     ("study.__main__", ["sources", "--noise", "-1"], "--noise"),
     ("study.__main__", ["coverage", "--draws", "0"], "--draws"),
     ("study.__main__", ["coverage", "--pair", "gemma3"], "--pair"),
-    ("rollout", ["--n", "-2"], "--n"),
-    ("rollout", ["--top-p", "2"], "--top-p"),
+    ("lab.sample", ["--n", "-2"], "--n"),
+    ("lab.sample", ["--top-p", "2"], "--top-p"),
     ("models", ["info", "--pair", "nope"], "--pair"),
     ("opd_minimal", ["--lr", "nan"], "--lr"),
     ("opd_minimal", ["--batch", "0"], "--batch"),
@@ -510,9 +511,9 @@ OTHERS = [
     # numbers
     ("mismatch", ["--seed", "-1"], "--seed"),
     ("mismatch", ["--max-new-tokens", "70"], "context"),
-    ("rollout", ["--temperature", "1e-310"], "--temperature"),
-    ("rollout", ["--seed", str(2**64)], "--seed"),
-    ("rollout", ["--n", "99999999"], "--n"),
+    ("lab.sample", ["--temperature", "1e-310"], "--temperature"),
+    ("lab.sample", ["--seed", str(2**64)], "--seed"),
+    ("lab.sample", ["--n", "99999999"], "--n"),
     ("tools.bench_sampler", ["--temperature", "1e-9"], "--temperature"),
     ("tools.bench_sampler", ["--batch", "10000000"], "--batch"),
     ("tools.bench_check", ["--pair", "gemma3"], "--pair"),
@@ -638,7 +639,7 @@ BY_CAUSE = {
             ["--prompts", "pairprompts.jsonl", "--probes", "4"],
             "every line of --prompts is a probe",
         ),
-        ("rollout", ["--n", "300"], "--n 300: the tiny pair has 256"),
+        ("lab.sample", ["--n", "300"], "--n 300: the tiny pair has 256"),
         ("lab.calibrate", ["--probes", "257", "--steps", "1", "--out", "cal"], "--probes 257: the tiny pair"),
         ("train", ["--pair", "tiny", "--resume", "--name", "otherrun"], "belongs to another run (0000"),
         ("train", ["--pair", "tiny", "--resume", "--name", "noidckpt"], "belongs to another run (no run id"),
@@ -732,11 +733,11 @@ def test_bad_input_is_one_line_exit_2(workdir, monkeypatch, capsys, module, argv
 CLIS = (
     "train",
     "mismatch",
-    "quant",
+    "lab.kv_capacity",
     "admit",
     "lab.calibrate",
     "study.__main__",
-    "rollout",
+    "lab.sample",
     "models",
     "opd_minimal",
     "tools.bench_sampler",
@@ -931,10 +932,11 @@ def test_run_or_resume_refuses_a_finished_run_made_with_other_steps(workdir, mon
     import train
     from cli import BadInput
     from lab.runfiles import load_config
+    from lab.train_args import TrainConfig
 
     monkeypatch.chdir(workdir)
     done = workdir / "runs" / "done"
-    cfg = replace(load_config(done, train.TrainConfig), out_dir=str(workdir / "runs"), name="done")
+    cfg = replace(load_config(done, TrainConfig), out_dir=str(workdir / "runs"), name="done")
     before = tree(workdir)
     with pytest.raises(BadInput, match="--steps 1: .* already finished 2 steps"):
         train.run_or_resume(replace(cfg, steps=1))
@@ -1132,10 +1134,10 @@ class FullDisk:
 
 
 def full_disk_at(monkeypatch, target: str, nth: int = 1) -> None:
-    """Every write goes through cli._open: the nth file opened whose name starts with target is full."""
-    import cli
+    """Every write goes through lab.atomic._open: the nth file opened whose name starts with target is full."""
+    from lab import atomic
 
-    real_open, count = cli._open, []
+    real_open, count = atomic._open, []
 
     def open_(path, mode):
         f = real_open(path, mode)
@@ -1145,7 +1147,7 @@ def full_disk_at(monkeypatch, target: str, nth: int = 1) -> None:
                 return FullDisk(f)
         return f
 
-    monkeypatch.setattr(cli, "_open", open_)
+    monkeypatch.setattr(atomic, "_open", open_)
 
 
 # (file, which write of it fails): the lock's private file, config.json, the second metrics line, the first
@@ -1364,8 +1366,8 @@ ENTRY_POINTS = {
     "train": ["train.py", *TINY, "--steps", "2"],
     "opd_minimal": ["opd_minimal.py", "--steps", "2"],
     "mismatch": ["mismatch.py"],
-    "rollout": ["rollout.py"],
-    "quant": ["quant.py", "kv-capacity", "--pairs", "tiny"],
+    "lab.sample": ["-m", "lab.sample"],
+    "lab.kv_capacity": ["-m", "lab.kv_capacity", "--pairs", "tiny"],
     "models": ["models.py", "info", "--pair", "tiny"],
     "admit check": ["admit.py", "check", "--budget", BUDGET],
     "admit audit": ["admit.py", "audit", "--budget", BUDGET, "--dump", "good.jsonl", "--out", "aud"],
@@ -1434,7 +1436,7 @@ def test_a_signal_to_any_entry_point_is_one_line_and_128_plus_its_number(tmp_pat
 
 
 def test_stopping_at_once_never_leaves_a_file_half_written(tmp_path):
-    """A program writing a 20 MB file again and again (cli.atomic_write_text), stopped by SIGTERM wherever it
+    """A program writing a 20 MB file again and again (lab.atomic.atomic_write_text), stopped by SIGTERM wherever it
     is: the file holds one whole version, and no temporary file is left."""
     program = f"""
 import sys
@@ -1442,8 +1444,9 @@ sys.path.insert(0, {str(ROOT)!r})
 import cli
 cli.exit_on_signals("__main__")
 from pathlib import Path
+from lab.atomic import atomic_write_text
 for i in range(10**6):
-    cli.atomic_write_text(Path("out.txt"), f"{{i}}\\n" + "x" * 20_000_000)
+    atomic_write_text(Path("out.txt"), f"{{i}}\\n" + "x" * 20_000_000)
 """
     proc = subprocess.Popen([sys.executable, "-c", program], cwd=tmp_path, text=True, stderr=subprocess.PIPE)
     wait_for(proc, lambda: (tmp_path / "out.txt").exists(), seconds=60)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from batches import Batches, make_engine
+from lab.train_args import TrainConfig
 from rollout import RolloutConfig
-from train import TrainConfig
 
 STEPS = 3
 

@@ -191,3 +191,52 @@ def test_a_run_is_paired_only_with_the_baseline_of_its_seed_trained_on_its_machi
     mixed = [point("baseline", 0, 2.0, "A"), point("noise 0.1", 0, 2.5, "B")]
     with pytest.raises(BadInput, match="not paired"):
         paired_quality_losses(mixed, 0.2)
+
+
+def test_seeds_for_power_is_the_smallest_n_with_se_within_a_third_of_the_tolerance():
+    """n = ceil((3 sd / tol)²), at least 2: sd/√n <= tol/3 holds at n and fails at n − 1 (when n > 2)."""
+    from lab.calibrate import seeds_for_power
+
+    assert seeds_for_power(None, 0.2) is None
+    for sd, tol in [(0.1, 0.2), (0.2, 0.2), (0.05, 0.4), (0.3, 0.1), (0.199, 0.2)]:
+        n = seeds_for_power(sd, tol)
+        assert sd / n**0.5 <= tol / 3 + 1e-12
+        assert n == 2 or sd / (n - 1) ** 0.5 > tol / 3
+
+
+def test_powered_points_adds_the_seeds_the_spread_asks_for_and_stops_at_the_cap(monkeypatch):
+    """calibrate's seeds by power: under-powered at 2 seeds, the loop reruns calibration_points with the seeds
+    the measured spread asks for (finished runs would be reused), never past max_seeds; a powered first round
+    runs no more seeds."""
+    import lab.calibrate as cal
+
+    calls = []
+
+    def fake_points(pair, out, noise_grid, *, seeds, **kw):
+        calls.append(seeds)
+        rng = random.Random(seeds)
+        points = [
+            {"source": s, "seed": i, "eval_rkl_start": 3.0, "trained_on": "A", "mismatch": m}
+            for s, m in (("baseline", 0.0), ("noise 0.1", 0.01))
+            for i in range(seeds)
+        ]
+        for p in points:  # a spread of about `spread` nats in the paired loss; the baseline improves by 1
+            p["eval_rkl"] = 2.0 + (spread * rng.gauss(0, 1) if p["source"] != "baseline" else 0.0)
+        return points
+
+    monkeypatch.setattr(cal, "calibration_points", fake_points)
+    for spread, max_seeds in [(0.01, 20), (0.5, 6)]:
+        calls.clear()
+        loss = {"loss": "analytic", "tis_cap": 0.0}
+        points, tol, _, seeds, power = cal.powered_points(
+            "tiny", None, [], seeds=2, max_seeds=max_seeds, tolerance=0.2, loss=loss, reuse=None
+        )
+        rounds = power["rounds"]
+        assert calls[0] == 2 and seeds == calls[-1] <= max_seeds and len(rounds) == len(calls)
+        assert all(b > a for a, b in zip(calls, calls[1:]))
+        last = rounds[-1]
+        assert (last["se_over_tolerance"] <= 1 / 3) or seeds == max_seeds
+        if spread == 0.01:  # sd ≈ 0.01 against a 0.2-nat tolerance: powered at the first round
+            assert calls == [2]
+        else:  # sd ≈ 0.5: (3 · 0.5 / 0.2)² ≈ 56 seeds asked for, 6 allowed
+            assert calls[-1] == 6 and last["se_over_tolerance"] > 1 / 3

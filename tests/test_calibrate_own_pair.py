@@ -5,26 +5,17 @@ by `train.py --budget` of the same models only."""
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # every test runs a calibration or a CLI in a subprocess
 
 
-def run_cli(*args, cwd, module="lab.calibrate"):
-    entry = ["-m", module] if not module.endswith(".py") else [str(ROOT / module)]
-    return subprocess.run(
-        [sys.executable, *entry, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
-    )
+def calibrate_cli(*args, cwd, module="lab.calibrate"):
+    return run_cli(*args, cwd=cwd, entry=module)
 
 
 def build_pair(folder: Path) -> dict:
@@ -58,13 +49,13 @@ def own(tmp_path_factory):
     folder = tmp_path_factory.mktemp("own")
     files = build_pair(folder)
     grid = ["--steps", "4", "--seeds", "1", "--noise-grid", "0.3", "--real", "", "--probes", "4"]
-    result = run_cli(*pair_args(files), *grid, "--out", "cal", "--device", "cpu", cwd=folder)
+    result = calibrate_cli(*pair_args(files), *grid, "--out", "cal", "--device", "cpu", cwd=folder)
     assert result.returncode == 0, result.stderr[-2000:]
     return {**files, "folder": folder, "budget": folder / "cal" / "budget.json", "stdout": result.stdout}
 
 
 def test_calibrate_writes_a_budget_that_names_the_pairs_models(own):
-    from models import prompts_sha256
+    from lab.hf_pairs import prompts_sha256
 
     budget = json.loads(own["budget"].read_text())
     assert budget["pair"] == "custom" and (budget["loss"], budget["tis_cap"]) == ("analytic", 0.0)
@@ -95,7 +86,7 @@ def test_check_dump_accepts_the_own_pair_budget(own):
     probes = [format_prompt(pair.tokenizer, p.text) for p in pair.train_prompts[:16]]
     scored = measure_config(pair, RolloutConfig(max_new_tokens=8, noise=1.0), probes, keep=True)["scored"]
     write_dump(own["folder"] / "d.jsonl", scored)
-    result = run_cli(
+    result = calibrate_cli(
         "check", "--budget", str(own["budget"]), "--dump", "d.jsonl", cwd=own["folder"], module="admit.py"
     )
     assert result.returncode == 1 and "REJECT for the analytic loss" in result.stdout, result.stderr[-2000:]
@@ -105,11 +96,11 @@ def test_a_live_check_needs_the_budgets_own_models(own):
     """With the same --teacher/--student/--prompts the check measures the own pair's probes; with --pair
     it is refused with one line that says what to give."""
     budget = str(own["budget"])
-    same = run_cli(
+    same = calibrate_cli(
         "check", "--budget", budget, *pair_args(own), "--probes", "4", cwd=own["folder"], module="admit.py"
     )
     assert same.returncode in (0, 1, 4) and "for the analytic loss" in same.stdout, same.stderr[-2000:]
-    other = run_cli("check", "--budget", budget, "--pair", "tiny", cwd=own["folder"], module="admit.py")
+    other = calibrate_cli("check", "--budget", budget, "--pair", "tiny", cwd=own["folder"], module="admit.py")
     lines = other.stderr.strip().splitlines()
     assert other.returncode == 2 and len(lines) == 1 and "give the same --teacher/--student" in lines[0], (
         other.stderr
@@ -121,7 +112,7 @@ def test_other_models_or_prompts_are_refused(own, tmp_path):
     line; the same models through other spellings of their paths are the same pair."""
     from budget import match_pair, read_budget
     from cli import BadInput
-    from models import pair_files, prompts_sha256
+    from lab.hf_pairs import pair_files, prompts_sha256
 
     budget = read_budget(own["budget"], None)
     files = pair_files(str(own["teacher"]), str(own["student"]), str(own["prompts"]))
@@ -150,7 +141,8 @@ def test_train_budget_of_the_own_pair_holds_for_its_models_only(own):
     """train.py --budget reads the own pair's budget for a run of the same models, and refuses it for a run
     of other models, before anything loads."""
     from cli import BadInput
-    from train import pair_config, run_budget
+    from lab.train_args import pair_config
+    from lab.watch import run_budget
 
     same = {k: str(own[k]) for k in ("teacher", "student", "prompts")}
     assert run_budget(pair_config("custom", budget=str(own["budget"]), **same))["pair"] == "custom"
@@ -172,7 +164,7 @@ def test_train_budget_of_the_own_pair_holds_for_its_models_only(own):
     ids=["alone", "missing", "no-prompts"],
 )
 def test_calibrate_refuses_an_incomplete_pair_with_one_line(tmp_path, args, needle):
-    result = run_cli(*args, "--out", "cal", cwd=tmp_path)
+    result = calibrate_cli(*args, "--out", "cal", cwd=tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and needle in lines[0], result.stderr
     assert not (tmp_path / "cal").exists()

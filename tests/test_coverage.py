@@ -13,6 +13,7 @@ import budget
 from cli import BadInput
 from port.dumps import Dump, read_dump, write_dump
 from port.estimate import dump_estimate, dump_flags, seq_mean_se
+from port.judge import check_dump
 from mismatch import measure_config
 from models import format_prompt
 from rollout import RolloutConfig
@@ -99,9 +100,9 @@ def test_unmasked_padding_is_flagged_and_never_admitted(noisy, tmp_path):
     assert flagged["padding_tokens"] == direct > 0
     assert len(flagged["warnings"]) == 1 and flagged["warnings"][0].startswith("padding:")
     assert dump_estimate(read_dump(tmp_path / "mask.pt"))["warnings"] == []
-    out = admit.check_dump(BUDGET, tmp_path / "ones.pt")
+    out = check_dump(BUDGET, tmp_path / "ones.pt")
     assert out["verdict"] == "uncertain" and "padding" in out["reason"]
-    assert admit.check_dump(BUDGET, tmp_path / "mask.pt")["verdict"] == "admit"
+    assert check_dump(BUDGET, tmp_path / "mask.pt")["verdict"] == "admit"
 
 
 def test_swapped_columns_are_flagged(noisy):

@@ -18,7 +18,8 @@ from cli import BadInput
 from loss import opd_loss
 from models import format_prompt, load_pair
 from quant import HAVE_TORCHAO, KVScales, fp8_dyn_available, fp8_kv_cache, quantize_weights
-from rollout import RolloutConfig, RolloutEngine, decode, encode_prompts, generate, positions, prefill
+from rollout import RolloutConfig, decode, encode_prompts, generate, positions, prefill
+from engine import RolloutEngine
 from lab.runfiles import load_checkpoint
 from tools import gpu_check
 from config import TINY_EARLY

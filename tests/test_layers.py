@@ -10,33 +10,43 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "cli": 0,  # errors, exit codes, argparse converters, logger setup
     "config": 0,  # every default, as plain data: the pairs table, the study's settings, probe counts
-    "models": 1,  # pairs, prompts, devices, the output head
-    "budget": 1,  # the budget file: schema, reading, the loss it holds for
-    "lab.runfiles": 1,  # the run folder: atomic writes, checkpoints, the lock, the resume diff
-    "port.dumps": 1,  # the log-dump format
-    "quant": 2,  # FP8 primitives, the FP8 KV cache, torchao weights
-    "kl": 2,  # the formulas of the one scale: pure functions of log-probs
-    "cpu_decode": 2,  # the CPU decode fast path, beside the reference sampler
-    "port.native": 2,  # other systems' exports, read into port.dumps.Dump
-    "rollout": 3,  # the sampler and the engine
-    "port.estimate": 3,  # the one scale estimated from a dump
-    "mismatch": 4,  # measuring a configuration (never trains)
-    "loss": 5,
-    "rl": 5,
-    "batches": 5,  # the OPD loss; the RL baseline; where a step's batch comes from
-    "port.audit": 5,  # the audit page of an export
-    "evaluate": 6,
-    "train": 7,  # the OPD loop (the only module besides tools/build_tiny.py that changes weights)
-    "admit": 8,  # the admission check
-    "lab.calibrate": 9,  # budgets from short training runs
-    "opd_minimal": 9,  # the whole method in one file, for reading
-    "study": 10,  # the study's experiments (a package)
-    "tools": 11,  # benchmarks, the tiny-pair builder, the GPU check (a package)
+    "lab.atomic": 1,  # atomic writes: a full disk is one line and nothing half-written
+    "lab.hf_pairs": 1,  # Hugging Face pairs: the GGUF teachers converted once, layer-dropped students
+    "models": 2,  # pairs, prompts, devices, the output head
+    "budget": 2,  # the budget file: schema, reading, the loss it holds for
+    "lab.runfiles": 2,  # the run folder: checkpoints, the lock, the resume diff
+    "port.dumps": 2,  # the log-dump format
+    "quant": 3,  # FP8 primitives, the FP8 KV cache, torchao weights
+    "kl": 3,  # the formulas of the one scale: pure functions of log-probs
+    "cpu_decode": 3,  # the CPU decode fast path, beside the reference sampler
+    "port.native": 3,  # other systems' exports, read into port.dumps.Dump
+    "verdict": 3,  # the verdict: a measured mismatch interval against a budget's interval (pure)
+    "rollout": 4,  # the sampler: the sampling loop and what it returns
+    "port.estimate": 4,  # the one scale estimated from a dump
+    "lab.kv_capacity": 4,  # the KV-capacity table (python -m lab.kv_capacity)
+    "engine": 5,  # the rollout engine: its own changed copy of the student
+    "lab.rollout_args": 5,  # the engine's command-line flags, shared by every command that samples
+    "lab.sample": 5,  # a few samples printed with their log-probs (python -m lab.sample)
+    "mismatch": 6,  # measuring a configuration (never trains)
+    "loss": 7,
+    "rl": 7,
+    "batches": 7,  # the OPD loss; the RL baseline; where a step's batch comes from
+    "port.audit": 7,  # the audit page of an export
+    "evaluate": 8,
+    "lab.train_args": 8,  # one run's settings (TrainConfig, pair_config) and train.py's command line
+    "lab.watch": 9,  # the mismatch budget inside a training run
+    "port.judge": 9,  # judging an export: per step, its worst step, its blind spot; the audit command
+    "train": 10,  # the OPD loop (the only module besides tools/build_tiny.py that changes weights)
+    "admit": 11,  # the admission check
+    "lab.calibrate": 12,  # budgets from short training runs
+    "opd_minimal": 12,  # the whole method in one file, for reading
+    "study": 13,  # the study's experiments (a package)
+    "tools": 14,  # benchmarks, the tiny-pair builder, the GPU check (a package)
 }
 PACKAGES = ("study", "tools")  # one layer per package
 HARNESS = ("lab", "port")  # one layer per module
 TRAINING = {"loss", "rl", "batches", "evaluate", "train", "admit", "lab.calibrate", "study", "tools"}
-MEASUREMENT = ("models", "quant", "kl", "cpu_decode", "rollout", "mismatch", "port.dumps")
+MEASUREMENT = ("models", "quant", "kl", "cpu_decode", "rollout", "engine", "mismatch", "port.dumps")
 
 
 def layer_name(path: Path) -> str:

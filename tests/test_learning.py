@@ -10,7 +10,8 @@ down, so the test uses the lower rate.
 
 import pytest
 
-from train import pair_config, run
+from lab.train_args import pair_config
+from train import run
 
 pytestmark = pytest.mark.slow  # 20 training steps
 

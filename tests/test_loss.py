@@ -105,7 +105,8 @@ def test_loss_zero_when_student_is_teacher(tiny_pair):
 
 
 def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
-    from rollout import RolloutEngine, positions
+    from rollout import positions
+    from engine import RolloutEngine
     from loss import tis_weights
 
     assert_close(

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from models import BadInput, load_hf_pair, load_pair, read_prompts, tiny_problems, TINY_DIR
 from evaluate import exact_match_accuracy
+from lab.hf_pairs import load_hf_pair
+from models import TINY_DIR, BadInput, load_pair, read_prompts, tiny_problems
 
 
 def test_tiny_loads_from_committed_files_and_teacher_beats_student(tiny_pair):

@@ -34,7 +34,9 @@ import budget
 from port.audit import by_position, token_estimates
 from port.estimate import dump_estimate
 from cli import BadInput
+from port.judge import check_dump
 from port.native import FORMATS, MAX_STEP, merge, read_native, select_steps
+from verdict import VERDICT_EXIT, judge
 
 MASKED = {"prime-rl", "slime", "slime-main", "verl", "trl"}  # formats whose responses hold tool tokens
 BUDGET = {
@@ -151,7 +153,7 @@ def test_check_prints_a_per_step_table_and_judges_the_selected_steps(tmp_path, c
     assert (
         out["mismatch_kl"] == dump_estimate(steps[1].dump)["mismatch_kl"] == out["per_step"][1]["mismatch_kl"]
     )
-    assert code.value.code == admit.VERDICT_EXIT[out["verdict"]]
+    assert code.value.code == VERDICT_EXIT[out["verdict"]]
     with pytest.raises(SystemExit):
         admit.main(["check", "--budget", str(tmp_path / "b.json"), "--dump", str(root)])
     text = capsys.readouterr().out
@@ -483,9 +485,9 @@ def test_a_misread_is_flagged_and_never_judged(tmp_path, fmt, flag):
     UNCERTAIN, its line naming the flag and the likely cause, and the JSON naming the flag."""
     make, words = MISREADS[flag]
     truth = make_truth()
-    clean = admit.check_dump(WIDE, _write(fmt, tmp_path / "clean", truth), **SAMPLED_AT_1)
+    clean = check_dump(WIDE, _write(fmt, tmp_path / "clean", truth), **SAMPLED_AT_1)
     assert clean["verdict"] == "admit" and clean["flags"] == [], clean["reason"]
-    out = admit.check_dump(WIDE, _write(fmt, tmp_path / "bad", make(truth)), **SAMPLED_AT_1)
+    out = check_dump(WIDE, _write(fmt, tmp_path / "bad", make(truth)), **SAMPLED_AT_1)
     assert out["verdict"] == "uncertain" and flag in out["flags"], out["reason"]
     assert f"{flag}:" in out["reason"] and words in out["reason"]
 
@@ -493,8 +495,8 @@ def test_a_misread_is_flagged_and_never_judged(tmp_path, fmt, flag):
 def test_a_trl_hook_that_dropped_tool_mask_is_flagged(tmp_path):
     """TRL writes engine log-prob 0.0 at tool results; without tool_mask they read as a large mismatch."""
     truth = make_truth()
-    masked = admit.check_dump(WIDE, write_trl(tmp_path / "a", truth), **SAMPLED_AT_1)
-    dropped = admit.check_dump(WIDE, write_trl(tmp_path / "b", truth, tool_mask=False), **SAMPLED_AT_1)
+    masked = check_dump(WIDE, write_trl(tmp_path / "a", truth), **SAMPLED_AT_1)
+    dropped = check_dump(WIDE, write_trl(tmp_path / "b", truth, tool_mask=False), **SAMPLED_AT_1)
     assert masked["verdict"] == "admit" and masked["flags"] == []
     assert (
         dropped["verdict"] == "uncertain"
@@ -623,7 +625,7 @@ def test_a_dump_is_judged_only_at_the_distribution_it_was_sampled_from(
     """Each column's distribution (temperature, top-p) as its system computes it, against the settings the
     export records or the flags give: judged when both are the sampled one, else UNCERTAIN naming why."""
     kw = {"sampling": recorded} if recorded else {}
-    out = admit.check_dump(WIDE, _write(fmt, tmp_path, make_truth(), **kw), **flags)
+    out = check_dump(WIDE, _write(fmt, tmp_path, make_truth(), **kw), **flags)
     assert out["sampling"]["same"] is judged and ("sampling" in out["flags"]) is not judged
     assert out["verdict"] == ("admit" if judged else "uncertain"), out["reason"]
     assert words in out["reason"]
@@ -632,7 +634,7 @@ def test_a_dump_is_judged_only_at_the_distribution_it_was_sampled_from(
 def test_a_setting_the_export_records_is_not_overridden(tmp_path, capsys):
     root = write_verl(tmp_path / "v", make_truth(), sampling={"temperature": 0.7, "top_p": 1.0})
     with pytest.raises(BadInput, match=r"--temperature 1: the export records temperature 0.7"):
-        admit.check_dump(WIDE, root, temperature=1.0)
+        check_dump(WIDE, root, temperature=1.0)
     (tmp_path / "b.json").write_text(json.dumps(WIDE))
     with pytest.raises(SystemExit) as code:
         admit.main(["check", "--budget", str(tmp_path / "b.json"), "--top-p", "0.9"])
@@ -658,9 +660,9 @@ def test_a_bad_step_rejects_a_dump_whose_pool_admits(tmp_path, fmt):
     dump REJECTS, naming the step, which the per-step table marks."""
     noise = {s: 0.1 for s in range(12)} | {4: 2.0}
     path = _write(fmt, tmp_path, make_vllm_truth(steps=range(12), n_seqs=32, noise=noise))
-    out = admit.check_dump(WORST, path, **SAMPLED_AT_1)
+    out = check_dump(WORST, path, **SAMPLED_AT_1)
     bad = 4 if fmt not in ("vllm", "project") else _number_of(fmt, path, 4)
-    assert admit.judge(WORST, out, out["sequences"], available=None)["verdict"] == "admit", "the pool alone"
+    assert judge(WORST, out, out["sequences"], available=None)["verdict"] == "admit", "the pool alone"
     assert out["verdict"] == "reject" and out["worst_step"] == bad, out["reason"]
     assert f"step {bad}'s lower bound" in out["reason"]
     verdicts = {r["step"]: r["verdict"] for r in out["per_step"]}
@@ -693,7 +695,7 @@ def test_rare_tokens_no_sample_drew_are_never_admitted(tmp_path, fmt, k):
     top-3 rows see the whole vocabulary and REJECT. Against a budget above the bound it is admitted."""
     truth = make_rare_truth()
     path = write_vllm(tmp_path, truth, k=k) if fmt == "vllm" else write_project(tmp_path, truth)
-    out = admit.check_dump(SMALL, path, **SAMPLED_AT_1)
+    out = check_dump(SMALL, path, **SAMPLED_AT_1)
     exact, n = rare_kl(), out["tokens"]
     assert n == 256 and 0.5 < exact < 0.6
     if k < 3:
@@ -703,7 +705,7 @@ def test_rare_tokens_no_sample_drew_are_never_admitted(tmp_path, fmt, k):
         )
         assert out["ci_high"] < SMALL["budget_ci"]["lo"], "the interval alone admits"
         assert out["verdict"] == "uncertain" and "cannot rule out" in out["reason"], out["reason"]
-        assert admit.check_dump(LARGE, path, **SAMPLED_AT_1)["verdict"] == "admit"
+        assert check_dump(LARGE, path, **SAMPLED_AT_1)["verdict"] == "admit"
     else:
         assert out["blind_kl"] == pytest.approx(0, abs=1e-9) and out["verdict"] == "reject"
         assert out["mismatch_kl"] == pytest.approx(exact, rel=1e-6)

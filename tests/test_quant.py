@@ -14,7 +14,8 @@ from quant import (
     quantize_fp8,
     quantize_weights,
 )
-from rollout import RolloutConfig, RolloutEngine
+from rollout import RolloutConfig
+from engine import RolloutEngine
 from rollout import response_hidden
 
 

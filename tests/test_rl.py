@@ -8,7 +8,8 @@ from conftest import assert_close
 
 from models import format_prompt, tiny_problems
 from rl import exact_match_rewards, group_advantages
-from rollout import RolloutConfig, RolloutEngine, positions
+from rollout import RolloutConfig, positions
+from engine import RolloutEngine
 from loss import opd_loss
 
 

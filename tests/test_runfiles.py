@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli import BadInput, WriteFailed, atomic_write_text
+from cli import BadInput, WriteFailed
+from lab.atomic import atomic_write_text
 from lab.runfiles import (
     append_metrics,
     atomic_save,

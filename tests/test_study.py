@@ -327,3 +327,39 @@ def test_lr_choice_is_the_best_mean_among_rates_where_no_seed_diverged():
     assert cell["diverged"] == 1 and cell["eval_rkl_mean"] == 1.0
     partial = [p for p in points if not (p["lr"] == 3e-4 and p["seed"] == 1)]
     assert set(choose(partial, grid, seeds)[1].values()) == {1e-4}  # a rate needs every seed to be chosen
+
+
+def test_seed_noise_pools_the_within_rate_variance_of_each_quality_measure():
+    """study.lr.seed_noise: per loss, sd² = Σ_rate Σ_seed (x − mean_rate)² / Σ_rate (n_rate − 1) for the final
+    evaluation and for the mean of the last two; a rate with a diverged seed is left out."""
+    import statistics
+
+    from study.lr import seed_noise
+
+    runs = {  # lr -> per seed, the evaluations at steps 0, 100, 200
+        1e-4: [(3.0, 2.8, 2.6), (3.0, 2.7, 2.4)],
+        3e-4: [(3.0, 2.2, 2.0), (3.0, 2.4, 2.3), (3.0, 2.1, 2.2)],
+        1e-3: [(3.0, 1.0, 0.5), (3.0, 9.0, 9.5)],  # the second seed diverged: the rate is left out
+    }
+    points = [
+        {
+            "loss": "sampled",
+            "lr": lr,
+            "seed": s,
+            "eval_rkl_by_step": [[100 * i, v] for i, v in enumerate(evals)],
+            "diverged": evals[-1] > evals[0],
+        }
+        for lr, seeds in runs.items()
+        for s, evals in enumerate(seeds)
+    ]
+    row = seed_noise(points)["sampled"]
+
+    def pooled(groups):
+        ss = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
+        return (ss / sum(len(g) - 1 for g in groups)) ** 0.5
+
+    kept = [runs[1e-4], runs[3e-4]]
+    assert row["dof"] == 3
+    assert abs(row["final"] - pooled([[e[-1] for e in g] for g in kept])) < 1e-12
+    assert abs(row["mean of the last two"] - pooled([[(e[-1] + e[-2]) / 2 for e in g] for g in kept])) < 1e-12
+    assert seed_noise(points)["analytic"] == {"dof": 0, "final": None, "mean of the last two": None}

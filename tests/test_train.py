@@ -83,7 +83,7 @@ def test_a_run_with_the_uncapped_ratio_resumes(tmp_path):
     """tinker's loss (--tis-cap inf) writes an infinite cap into config.json; --resume reads it back, while an
     infinite value in a field that takes only finite numbers is still refused."""
     from lab.runfiles import typed
-    from train import TrainConfig
+    from lab.train_args import TrainConfig
 
     first = cli(*TINY, "--steps", "1", "--loss", "sampler", "--tis-cap", "inf", "--name", "is", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -130,7 +130,8 @@ def stale_twin(tmp_path: Path, name: str, steps: int, staleness: int = 0, **over
     is the async runs' twin."""
     from dataclasses import replace
 
-    from train import pair_config, run
+    from lab.train_args import pair_config
+    from train import run
 
     cfg = pair_config(
         "tiny",
@@ -384,7 +385,8 @@ def test_mismatch_se_is_the_ratio_estimators_over_responses():
     (−0.3, 0.3), so se = √(2 · 0.18) / 3 = 0.2."""
     import torch
 
-    from train import mismatch_se, running_mismatch
+    from kl import mismatch_se
+    from lab.watch import running_mismatch
 
     class Rollout:
         response_mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]])  # [:, 1:]: 2 targets, then 1
@@ -396,12 +398,12 @@ def test_mismatch_se_is_the_ratio_estimators_over_responses():
 
 
 def test_opd_minimal_and_the_engine_add_the_same_weight_noise(random_model):
-    """One definition of weight noise, W + σ·rms(W)·ε: opd_minimal.add_noise and rollout.add_weight_noise
+    """One definition of weight noise, W + σ·rms(W)·ε: opd_minimal.add_noise and engine.add_weight_noise
     give the same weights from the same generator state."""
     import copy
 
     from opd_minimal import add_noise
-    from rollout import add_weight_noise
+    from engine import add_weight_noise
 
     ours, engine = copy.deepcopy(random_model), copy.deepcopy(random_model)
     add_noise(ours, 0.3, torch.Generator().manual_seed(5))

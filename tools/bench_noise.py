@@ -1,4 +1,4 @@
-"""Benchmark: one weight-noise draw (rollout.add_weight_noise) against its peer and its floor.
+"""Benchmark: one weight-noise draw (engine.add_weight_noise) against its peer and its floor.
 
 A noisy engine pays one draw at every new version, and check pays one per probe batch. The peer is the same
 formula written with fresh temporaries, W + σ·rms(W)·ε; the floor is drawing the model's normal numbers alone
@@ -23,7 +23,7 @@ import torch
 from cli import EXPECTED, Parser, fail, positive_int
 from config import CHAT_PAIR, CHAT_PAIR_HELP
 from models import load_pair
-from rollout import add_weight_noise
+from engine import add_weight_noise
 from tools.machine import cpu_facts
 
 

@@ -39,10 +39,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import loss
 from batches import Batches, make_engine
 from cli import Parser, positive_int
+from lab.train_args import pair_config
 from models import load_pair
 from tools.bench_sampler import side_by_side, weight_read_ms
 from tools.machine import cpu_facts
-from train import pair_config, train_step
+from train import train_step
 
 
 def require_trl() -> None:

@@ -26,12 +26,12 @@ from cli import (
     Parser,
     StopSignals,
     WriteFailed,
-    atomic_write_text,
     check_output_dir,
     fail,
     path_text,
 )
 from evaluate import exact_match_accuracy
+from lab.atomic import atomic_write_text
 from models import TINY_DIR, Prompt, format_prompt, tiny_config, tiny_problems, tiny_tokenizer
 from rollout import positions
 

@@ -48,7 +48,10 @@ import transformers
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as token_models
 
-from cli import EXPECTED, BadInput, Parser, append_text, check_output_dir, fail, path_text
+from cli import EXPECTED, BadInput, Parser, check_output_dir, fail, path_text
+from lab.atomic import append_text
+from lab.atomic import atomic_write_text
+from lab.train_args import pair_config
 from models import device_label, n_params
 from quant import (
     HAVE_TORCHAO,
@@ -59,8 +62,7 @@ from quant import (
     quantize_weights,
 )
 from rollout import RolloutConfig, generate, prefill
-from lab.runfiles import atomic_write_text
-from train import pair_config, run
+from train import run
 
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # isort: skip
 

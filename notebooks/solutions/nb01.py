@@ -1,5 +1,6 @@
 """Answers to notebook 01: the reverse KL of two rows, top-p filtering, the analytic OPD loss over a masked
-batch, the sampled-token loss with TIS, and one training step."""
+batch, the sampled-token loss with TIS, tinker's loss (the sampler's advantage, importance-weighted), and
+one training step."""
 
 import torch
 
@@ -45,13 +46,26 @@ def my_sampled_loss(student_logits_B_T_V, teacher_logits_B_T_V, y_B_T, logp_engi
     return -(w_B_T * advantage_B_T * logp_s_B_T * mask_B_T).sum() / mask_B_T.sum().clamp(min=1)
 
 
+def my_sampler_loss(student_logits_B_T_V, teacher_logits_B_T_V, y_B_T, logp_sampler_B_T, mask_B_T):
+    """tinker's loss: −mean_t w_t A_t log p_s(y_t), A_t = −(log π_sampler(y_t) − log p_t(y_t)) (the sampler's
+    log-prob, not the trainer's), w_t = p_s(y_t)/π_sampler(y_t) uncapped; A_t and w_t detached."""
+    logp_s_B_T = torch.log_softmax(student_logits_B_T_V.float(), -1).gather(-1, y_B_T[..., None]).squeeze(-1)
+    logp_t_B_T = torch.log_softmax(teacher_logits_B_T_V.float(), -1).gather(-1, y_B_T[..., None]).squeeze(-1)
+    advantage_B_T = -(logp_sampler_B_T - logp_t_B_T).detach()
+    w_B_T = torch.exp(logp_s_B_T.detach() - logp_sampler_B_T)
+    mask_B_T = mask_B_T.float()
+    return -(w_B_T * advantage_B_T * logp_s_B_T * mask_B_T).sum() / mask_B_T.sum().clamp(min=1)
+
+
 def my_train_step(student, teacher, ro, optimizer, lr, loss_fn=my_opd_loss):
     """One OPD step on the rollout ro: score with both models, the analytic loss, clip at 1, step."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    inputs = dict(
-        input_ids=ro.tokens, attention_mask=ro.attention_mask, position_ids=positions(ro.attention_mask)
-    )  # the prompts are left-padded
+    inputs = {
+        "input_ids": ro.tokens,
+        "attention_mask": ro.attention_mask,
+        "position_ids": positions(ro.attention_mask),  # the prompts are left-padded
+    }
     student.eval()  # no dropout: the sampled policy is the trained one
     student_logits_B_T_V = student(**inputs).logits[:, :-1]  # position t predicts token t + 1
     with torch.no_grad():
