@@ -1250,13 +1250,14 @@ def test_audit_checks_a_read_only_out_before_it_reads_the_export(workdir, tmp_pa
     is read: the reader is never called, and nothing is written."""
     import admit
     import cli
+    from port import judge
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ro").mkdir()
     real_access = os.access
     monkeypatch.setattr(cli.os, "access", lambda p, m: False if Path(p).name == "ro" else real_access(p, m))
     read = []
-    monkeypatch.setattr(admit, "read_native", lambda *a, **k: read.append(a))
+    monkeypatch.setattr(judge, "read_native", lambda *a, **k: read.append(a))
     args = ["audit", "--budget", str(workdir / "good_budget.json"), "--dump", str(workdir / "good.jsonl")]
     args += ["--out", "ro/audit"]
     with pytest.raises(SystemExit) as exit_info:

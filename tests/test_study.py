@@ -268,7 +268,10 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
 
 def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
     """A committed budget's recorded command reproduces it: its train_settings and steps are what
-    calibrate.study_config gives its pair and loss today (config.STUDY_TRAIN)."""
+    calibrate.study_config gives its pair and loss today (config.STUDY_TRAIN, and the loss's own rate from
+    results/lr_<pair>.json), or the rate its command names (--lr, a comparison of recipes)."""
+    import shlex
+
     from budget import read_budget
     from lab.calibrate import study_config, train_settings
 
@@ -278,7 +281,13 @@ def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
     assert len(paths) >= 5
     for path in paths:
         b = read_budget(path, None)
-        loss = {"loss": b["loss"], "tis_cap": b["tis_cap"]}
+        loss = {
+            "loss": b["loss"],
+            "tis_cap": b["tis_cap"],
+            "center_advantages": b.get("center_advantages", False),
+        }
+        words = shlex.split(b["command"])
+        loss.update({"lr": float(words[words.index("--lr") + 1])} if "--lr" in words else {})
         assert b["train_settings"] == train_settings(b["pair"], **loss), path
         assert b["steps"] == study_config(b["pair"], **loss).steps, path
 
