@@ -2,6 +2,7 @@
 
 atomic        atomic writes: a full disk is one line and nothing half-written
 hf_pairs      the packaged Hugging Face pairs: GGUF teachers converted once, layer-dropped students
+budget_schema the schema of a budget.json, checked once for every reader
 runfiles      the run folder: strict metrics, checkpoints, the lock, the resume diff
 kv_capacity   the KV-capacity table (`python -m lab.kv_capacity --memory-gb 80`)
 rollout_args  the engine's command-line flags, shared by every command that samples

@@ -598,8 +598,8 @@ def reused_count(points: list[dict]) -> int:
 
 # what a recorded calibration must share with this one for its points to stand in for runs
 REUSE_KEYS = ("pair", *PAIR_KEYS, "loss", "tis_cap", "center_advantages", "steps", "train_settings", "probes")
-# what a reused point must hold (budget.POINT types them): its configuration and seed, its probe mismatch, its
-# start and final quality, its run time; and the record's evaluation-noise measurement
+# what a reused point must hold (lab.budget_schema.POINT types them): its configuration and seed, its probe
+# mismatch, its start and final quality, its run time; and the record's evaluation-noise measurement
 REUSE_NEEDS = (
     "points.source",
     "points.seed",

@@ -16,7 +16,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from admit import check
-from budget import check_schema, loss_label, read_budget
+from budget import loss_label, read_budget
+from lab.budget_schema import check_schema
 from lab.calibrate import study_config, train_settings, trained_on
 from cli import BadInput
 from models import device_label, load_pair
@@ -138,8 +139,8 @@ def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -
     return rows
 
 
-# what validate --reuse reads of a recorded validation (budget.check_schema's notation): each training point's
-# candidate, seed and what the agreement rows average; where its runs trained
+# what validate --reuse reads of a recorded validation (lab.budget_schema.check_schema's notation): each
+# training point's candidate, seed and what the agreement rows average; where its runs trained
 REUSED_RECORD = {
     "points": (
         "list",
