@@ -1,6 +1,5 @@
 """The one scale: identity values, monotone in noise, estimators vs exact (the engine itself: test_engine.py)."""
 
-
 import pytest
 import torch
 from conftest import assert_close
