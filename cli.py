@@ -29,6 +29,7 @@ program to stop at its next safe point (`Interrupted`: a checkpoint first, then 
 """
 
 import argparse
+import atexit
 import logging
 import math
 import os
@@ -90,7 +91,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(error: BaseException) -> None:
-    """Print one of the EXPECTED errors as one line and exit with its code."""
+    """Print one of the EXPECTED errors as one line and exit with its code. After a stop signal (a library
+    swallowed its SystemExit and the program went on into this error) the signal's line was the one line:
+    exit with its code, silently."""
+    if _AT_ONCE["stopping"]:
+        sys.exit(_AT_ONCE["code"])
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if isinstance(error, Interrupted):  # not an error: the user asked the program to stop
         sys.stderr.write(f"{first_line}\n")
@@ -292,7 +297,8 @@ def check_output_file(path: str | Path, flag: str) -> Path:
 # Signals
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_AT_ONCE = {"note": "", "stopping": False}
+UNWIND_SECONDS = 10.0  # how long a stopped program may unwind (finally blocks, lock release) before it ends
+_AT_ONCE = {"note": "", "stopping": False, "code": 0}
 # what a stopped command that drives many runs says (lab.calibrate, the study; train.run_or_resume)
 RERUN = "rerun the same command to continue (finished runs are reused, an interrupted one resumes)"
 
@@ -304,9 +310,15 @@ def _stop_at_once(signum: int, frame) -> None:
     at once, without a second line."""
     if _AT_ONCE["stopping"]:
         os._exit(128 + signum)
-    _AT_ONCE["stopping"] = True
+    _AT_ONCE["stopping"], _AT_ONCE["code"] = True, 128 + signum
     sys.stderr.write(f"interrupted by {signal.Signals(signum).name}; {_AT_ONCE['note']}\n")
     sys.stderr.flush()
+    # a library that swallows SystemExit (a broad except somewhere below) must not keep the program running
+    # nor let it end with 0: it ends UNWIND_SECONDS from now at the latest, and with this code whenever it does
+    atexit.register(os._exit, 128 + signum)
+    watchdog = threading.Timer(UNWIND_SECONDS, os._exit, args=(128 + signum,))
+    watchdog.daemon = True
+    watchdog.start()
     raise SystemExit(128 + signum)
 
 
