@@ -30,6 +30,7 @@ program to stop at its next safe point (`Interrupted`: a checkpoint first, then 
 
 import argparse
 import atexit
+import contextlib
 import logging
 import math
 import os
@@ -155,9 +156,9 @@ fraction = _converter(float, lambda x: 0 < x <= 1, "a number in (0, 1]")
 open_fraction = _converter(float, lambda x: 0 < x < 1, "a number in (0, 1)")
 # an importance-weight cap: 0 = none, a number, or inf for the uncapped ratio
 cap_float = _converter(float, lambda x: x >= 0 and not math.isnan(x), "a number >= 0, or inf (uncapped)")
-# The engine's weight noise is relative: W + σ · rms(W) · ε (engine.add_weight_noise). The signal's share of
-# the noisy weights' power is 1 / (1 + σ²): 1% at σ = 10, where the engine is an unrelated random model and
-# a larger σ measures nothing more (the study's largest is 3). Past it, a run only trains on noise.
+# The engine's weight noise is relative: W + σ · rms(W) · ε (engine.add_weight_noise). The signal's share
+# of the noisy weights' power is 1 / (1 + σ²): 1% at σ = 10, where the engine is an unrelated random model
+# and a larger σ measures nothing more (the study's largest is 3). Past it, a run only trains on noise.
 MAX_NOISE = 10.0
 noise_sigma = _converter(
     float, lambda x: 0 <= x <= MAX_NOISE, f"a relative weight noise in [0, {MAX_NOISE:g}] (0 = none)"
@@ -298,7 +299,7 @@ def check_output_file(path: str | Path, flag: str) -> Path:
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 UNWIND_SECONDS = 10.0  # how long a stopped program may unwind (finally blocks, lock release) before it ends
-_AT_ONCE = {"note": "", "stopping": False, "code": 0}
+_AT_ONCE = {"note": "", "stopping": False, "code": 0, "writes": 0}
 # what a stopped command that drives many runs says (lab.calibrate, the study; train.run_or_resume)
 RERUN = "rerun the same command to continue (finished runs are reused, an interrupted one resumes)"
 
@@ -313,8 +314,10 @@ def _stop_at_once(signum: int, frame) -> None:
     _AT_ONCE["stopping"], _AT_ONCE["code"] = True, 128 + signum
     sys.stderr.write(f"interrupted by {signal.Signals(signum).name}; {_AT_ONCE['note']}\n")
     sys.stderr.flush()
-    # a library that swallows SystemExit (a broad except somewhere below) must not keep the program running
-    # nor let it end with 0: it ends UNWIND_SECONDS from now at the latest, and with this code whenever it does
+    if not _AT_ONCE["writes"]:  # nothing to unwind (no atomic write under way): end here, whatever catches
+        os._exit(128 + signum)  # SystemExit below (a library's broad except would let the program go on)
+    # a write under way removes its temporary file as SystemExit passes; should something swallow it, the
+    # program still ends UNWIND_SECONDS from now at the latest, and with this code whenever it does
     atexit.register(os._exit, 128 + signum)
     watchdog = threading.Timer(UNWIND_SECONDS, os._exit, args=(128 + signum,))
     watchdog.daemon = True
@@ -333,6 +336,16 @@ def exit_on_signals(module: str, note: str = "no file was left half-written") ->
     _AT_ONCE["note"] = note
     for s in SIGNALS:
         signal.signal(s, _stop_at_once)
+
+
+@contextlib.contextmanager
+def writing():
+    """Marks an atomic write under way (lab.atomic), which a stop signal lets finish its cleanup."""
+    _AT_ONCE["writes"] += 1
+    try:
+        yield
+    finally:
+        _AT_ONCE["writes"] -= 1
 
 
 class StopSignals:

@@ -8,7 +8,7 @@ line (exit 5) with nothing half-written, and an interrupt mid-write leaves the p
 import os
 from pathlib import Path
 
-from cli import WriteFailed
+from cli import WriteFailed, writing
 
 
 def _open(path: Path, mode: str):
@@ -30,6 +30,11 @@ def atomic_write(path: Path, write) -> None:
     removes the temporary file, leaves path as it was, and raises WriteFailed naming the file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    with writing():
+        _write_replace(path, tmp, write)
+
+
+def _write_replace(path: Path, tmp: Path, write) -> None:
     try:
         with _open(tmp, "wb") as f:
             write(f)
@@ -52,6 +57,11 @@ def atomic_write_text(path: Path, text: str) -> None:
 def append_text(path: Path, text: str) -> None:
     """Append and fsync; a failed append is cut back to the file's previous length (no torn line)."""
     path = Path(path)
+    with writing():
+        _append(path, text)
+
+
+def _append(path: Path, text: str) -> None:
     size = path.stat().st_size if path.exists() else 0
     try:
         with _open(path, "ab") as f:

@@ -48,7 +48,20 @@ def own(tmp_path_factory):
     """A calibration of 4 steps, one seed, the baseline and one noise level (about a minute on 2 cores)."""
     folder = tmp_path_factory.mktemp("own")
     files = build_pair(folder)
-    grid = ["--steps", "4", "--seeds", "1", "--noise-grid", "0.3", "--real", "", "--probes", "4"]
+    grid = [
+        "--steps",
+        "4",
+        "--seeds",
+        "1",
+        "--noise-grid",
+        "0.3",
+        "--real",
+        "",
+        "--probes",
+        "4",
+        "--tolerance",
+        "0.05",
+    ]
     result = calibrate_cli(*pair_args(files), *grid, "--out", "cal", "--device", "cpu", cwd=folder)
     assert result.returncode == 0, result.stderr[-2000:]
     return {**files, "folder": folder, "budget": folder / "cal" / "budget.json", "stdout": result.stdout}
