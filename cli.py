@@ -305,10 +305,12 @@ RERUN = "rerun the same command to continue (finished runs are reused, an interr
 
 
 def _stop_at_once(signum: int, frame) -> None:
-    """The handler outside StopSignals: one line, then SystemExit(128 + signum) from wherever the program
-    is. SystemExit passes every `except Exception` and runs every `finally` on its way out (a lock is
-    released, atomic_write removes its temporary file); a further signal while it unwinds ends the process
-    at once, without a second line."""
+    """The handler outside StopSignals: one line, then the program ends with 128 + signum. With no atomic
+    write under way (`writing`) it ends at once (os._exit: no `finally` runs, and no library's broad
+    `except` can let it go on; a run's lock is an flock, which the OS releases). During a write it raises
+    SystemExit instead, so atomic_write removes its temporary file on the way out; should something swallow
+    that SystemExit, the exit code is kept (atexit) and the program ends UNWIND_SECONDS later at the latest.
+    A further signal while it unwinds ends the process at once, without a second line."""
     if _AT_ONCE["stopping"]:
         os._exit(128 + signum)
     _AT_ONCE["stopping"], _AT_ONCE["code"] = True, 128 + signum
