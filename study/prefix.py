@@ -141,3 +141,32 @@ def prefix_table(result: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # async: time-to-quality
+
+
+def tolerated(result: dict, fraction: float) -> dict:
+    """How much weight noise each estimator of a prefix study tolerates, judged at `fraction` of the study's own
+    baseline improvement (the analytic loss at σ 0: the same steps, seeds and settings as every run in it):
+        tol = fraction · (RKL_step0 − mean final RKL of that baseline).
+    Each σ > 0 is within when the mean paired loss over seeds is within tol by two standard errors,
+    mean + 2·SE <= tol; beyond when mean − 2·SE > tol; undecided otherwise. Returns {"tolerance": tol,
+    estimator: {"sigma": the largest σ within with every smaller σ within (0.0: none), "mismatch": its mean
+    logged mismatch (0.0: none), "by_sigma": {σ: (mean, SE, judgement)}}}."""
+    points = result["points"]
+    base = [p for p in points if p["label"] == "analytic noise 0"]
+    tol = fraction * sum(p["eval_rkl_start"] - p["eval_rkl"] for p in base) / len(base)
+    out: dict = {"tolerance": tol}
+    for est in result["estimators"]:
+        by_sigma, largest = {}, 0.0
+        for s in sorted(s for s in result["sigmas"] if s > 0):
+            vals = values_by(points, f"{est} noise {s:g}", "delta_eval_rkl")
+            mean, sd = mean_sd(vals)
+            se = sd / len(vals) ** 0.5
+            judged = "within" if mean + 2 * se <= tol else "beyond" if mean - 2 * se > tol else "undecided"
+            by_sigma[s] = (mean, se, judged)
+        for s, (_, _, judged) in by_sigma.items():
+            if judged != "within":
+                break
+            largest = s
+        mismatch = mean_by(points, f"{est} noise {largest:g}", "mismatch") if largest else 0.0
+        out[est] = {"sigma": largest, "mismatch": mismatch, "by_sigma": by_sigma}
+    return out

@@ -10,6 +10,7 @@ from cli import BadInput
 from config import PAIRS
 from lab.atomic import atomic_write_text
 from lab.calibrate import paired_loss_gate
+from study.answer import answer_rows, answer_section
 from study.common import RESULTS
 from study.coverage import coverage_table
 from study.drift import drift_table
@@ -184,6 +185,7 @@ def report() -> Path:
         "# Results\n",
         "Regenerate: `python -m study report` (each section names the command that made its numbers).\n",
     ]
+    parts.append(answer_section(answer_rows([pair for pair in PAIRS if budgets[pair][0]])))
     for pair in PAIRS:
         parts += budget_sections(pair, *budgets[pair])
     out = RESULTS / "SUMMARY.md"

@@ -36,7 +36,7 @@ def tagged(cell, tags) -> bool:
 
 def test_the_course_has_its_notebooks():
     names = [p.stem[:2] for p in NOTEBOOKS]
-    assert names == ["00", "01", "02", "03", "04", "05", "06"], names
+    assert names == ["00", "01", "02", "03", "04", "05", "06", "07"], names
 
 
 @pytest.mark.slow
@@ -76,8 +76,8 @@ PLANTED = {
     "Exercise 3, my_opd_loss": "per sequence",  # a mean of per-sequence means, not over all tokens
     "Exercise 4b, my_sampler_loss": "trainer's log-prob",  # the advantage from the trainer, not the sampler
     "Exercise 2, my_bootstrap_ci": "resampled tokens, not sequences",  # a token-level bootstrap
-    "Exercise 2, my_verdict": "strict",  # <= where the rule is <
-    "Exercise 3, my_budget": "interpolate",  # a grid point, not the crossing
+    "Exercise 1, my_verdict": "strict",  # <= where the rule is <
+    "Exercise 2, my_budget": "interpolate",  # a grid point, not the crossing
 }
 
 

@@ -375,3 +375,47 @@ def test_seed_noise_pools_the_within_rate_variance_of_each_quality_measure():
     assert abs(row["final"] - pooled([[e[-1] for e in g] for g in kept])) < 1e-12
     assert abs(row["mean of the last two"] - pooled([[(e[-1] + e[-2]) / 2 for e in g] for g in kept])) < 1e-12
     assert seed_noise(points)["analytic"] == {"dof": 0, "final": None, "mean of the last two": None}
+
+
+def test_the_answer_refits_a_budget_at_one_tolerance_from_its_own_points():
+    """study.answer.at_tolerance: a budget at its own fraction is itself; moved to another fraction and back,
+    the fit, the seed interval and the noise come back as the calibration recorded them (pure functions of
+    the points)."""
+    from study import answer
+
+    b = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
+    fraction = b["tolerance"]["fraction"]
+    assert answer.at_tolerance(b, fraction) is b
+    moved = {**b, "tolerance": {**b["tolerance"], "fraction": fraction / 2}}
+    back = answer.at_tolerance(moved, fraction)
+    assert back["budget"] == pytest.approx(b["budget"]) and back["how"] == b["how"]
+    assert back["budget_ci"]["lo"] == pytest.approx(b["budget_ci"]["lo"])
+    assert back["budget_ci"]["hi"] == pytest.approx(b["budget_ci"]["hi"])
+    assert back["noise"]["paired_loss_se"] == pytest.approx(b["noise"]["paired_loss_se"])
+    looser = answer.at_tolerance(b, 2 * fraction)
+    assert looser["tolerance"]["nats"] == pytest.approx(2 * b["tolerance"]["nats"])
+    assert looser["how"] == "all-within" or looser["budget"] > b["budget"]
+
+
+def test_the_answer_gives_each_real_configuration_checks_verdict_and_trainings_outcome():
+    """One row per committed budget; every real configuration's verdict is the live check's rule applied to
+    its probe mismatch, and a stale run that lost beyond the tolerance under a sampled-token loss is always
+    rejected (verdict.stale_axis); the table names every column, "not calibrated" where the budget has none."""
+    from study import answer, losses
+
+    rows = answer.answer_rows(("tiny", "smollm2"))
+    committed = [b for pair in ("tiny", "smollm2") for _, b in losses.pair_budgets(pair)]
+    assert len(rows) == len(committed)
+    for r in rows:
+        assert r["fraction"] == answer.STUDY_TOLERANCE
+        for source, m in r["real"].items():
+            assert m["verdict"] in ("admit", "reject", "uncertain")
+            assert m["outcome"] == ("within" if m["quality_loss"] <= r["tolerance_nats"] else "beyond")
+            if r["loss"] != "analytic" and source.startswith("staleness") and m["outcome"] == "beyond":
+                assert m["verdict"] == "reject", (r["pair"], r["loss"], source)
+            if m["verdict"] == "admit":
+                assert m["ci_high"] < r["budget"]  # the scale admits only below the budget
+    table = answer.answer_table(rows).splitlines()
+    assert len(table) == 2 + len(rows) and all(s in table[0] for s in answer.REAL)
+    missing = sum(s not in r["real"] for r in rows for s in answer.REAL)
+    assert sum(line.count("not calibrated") for line in table) == missing

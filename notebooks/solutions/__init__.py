@@ -1,4 +1,4 @@
-"""Reference answers to the course's exercises (one module per notebook: nb01 … nb06), planted wrong answers
+"""Reference answers to the course's exercises (one module per notebook: nb01 … nb07), planted wrong answers
 (`mistakes`), and `run_check`, the runner every check cell calls.
 
 Each exercise cell ships a stub that raises NotImplementedError with a hint. With OPD_SOLUTIONS=1 in the

@@ -1,6 +1,6 @@
 """Planted wrong answers: for five exercises, the classic mistake each exists for, so that a test can ask
 that the exercise's check fails with a message naming it. With OPD_MISTAKES=1 those exercise cells import
-these in place of the stub (notebooks 01, 02 and 04). Every function here is WRONG on purpose."""
+these in place of the stub (notebooks 01, 02, 04 and 05). Every function here is WRONG on purpose."""
 
 import torch
 
@@ -40,7 +40,7 @@ def my_bootstrap_ci(kl_R, seq_id_R, n_boot=1000, level=0.95, seed=0):
 
 
 def my_verdict(lo, hi, b_lo, b_hi):
-    """04, Exercise 2. WRONG: `<=` and `>=` where the rule is strict, so an interval that only touches the
+    """05, Exercise 1. WRONG: `<=` and `>=` where the rule is strict, so an interval that only touches the
     budget's is decided."""
     if hi <= b_lo:
         return "admit"
@@ -50,7 +50,7 @@ def my_verdict(lo, hi, b_lo, b_hi):
 
 
 def my_budget(xs, fit, tol):
-    """04, Exercise 3. WRONG: no interpolation; at a crossing it returns the last mismatch tried within the
+    """04, Exercise 2. WRONG: no interpolation; at a crossing it returns the last mismatch tried within the
     tolerance instead of interpolating between it and the first one beyond."""
     if fit[0] > tol:
         return 0.0

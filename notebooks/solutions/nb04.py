@@ -1,4 +1,4 @@
-"""Answers to notebook 04: pool-adjacent-violators, the verdict rule, the budget crossing."""
+"""Answers to notebook 04: pool-adjacent-violators, the budget crossing."""
 
 
 def my_isotonic(y):
@@ -11,15 +11,6 @@ def my_isotonic(y):
             v1, c1 = blocks.pop()
             blocks.append([(v1 * c1 + v2 * c2) / (c1 + c2), c1 + c2])
     return [v for v, c in blocks for _ in range(c)]
-
-
-def my_verdict(lo, hi, b_lo, b_hi):
-    """admit if hi < B_lo, reject if lo > B_hi, else uncertain."""
-    if hi < b_lo:
-        return "admit"
-    if lo > b_hi:
-        return "reject"
-    return "uncertain"
 
 
 def my_budget(xs, fit, tol):

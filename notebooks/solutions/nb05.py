@@ -1,27 +1,21 @@
-"""Answers to notebook 05: predicting the admission check's verdicts, the groups that carry no GRPO signal,
-and the expected TIS weight."""
-
-import torch
+"""Answers to notebook 05: the verdict rule, the staleness axis."""
 
 
-def my_predictions():
-    """Verdicts against the tiny budget (budgets/tiny/budget.json, a few nats/token): the real configurations
-    measure 1e-4–1e-2, weight noise σ = 0.2 about 1.2 and σ = 1 about 10 (notebooks 02 and 04)."""
-    return {
-        "fp8 weights": "admit",
-        "fp8 KV cache": "admit",
-        "staleness 2": "admit",
-        "noise 0.2": "admit",
-        "noise 1.0": "reject",
-    }
+def my_verdict(lo, hi, b_lo, b_hi):
+    """admit if hi < B_lo, reject if lo > B_hi, else uncertain."""
+    if hi < b_lo:
+        return "admit"
+    if lo > b_hi:
+        return "reject"
+    return "uncertain"
 
 
-def my_dead_group_fraction(p, group):
-    """P(all G responses score the same) = p^G + (1 − p)^G: such a group has advantage 0."""
-    return p**group + (1 - p) ** group
-
-
-def my_expected_tis_weight(logp_engine_V, logp_train_V, cap):
-    """E_{y∼π_e}[min(π_t(y)/π_e(y), C)] = Σ_v min(π_t(v), C π_e(v))."""
-    p_e, p_t = logp_engine_V.double().exp(), logp_train_V.double().exp()
-    return torch.minimum(p_t, cap * p_e).sum().item()
+def my_stale_verdict(runs, tol, k):
+    """A stale engine k versions behind under a sampled-token loss, from the calibration's stale runs
+    {j: mean quality loss}: reject if a run at least as fresh lost beyond tol; None (the scale decides) if a run
+    at least as stale stayed within; else uncertain."""
+    if any(j <= k and q > tol for j, q in runs.items()):
+        return "reject"
+    if any(j >= k and q <= tol for j, q in runs.items()):
+        return None
+    return "uncertain"

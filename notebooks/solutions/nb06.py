@@ -1,26 +1,27 @@
-"""Answers to notebook 06: k3 from a dump's two columns, one schema line, the effective sample size."""
+"""Answers to notebook 06: predicting the admission check's verdicts, the groups that carry no GRPO signal,
+and the expected TIS weight."""
 
-import json
-import math
-
-
-def my_k3(engine_logprobs, train_logprobs):
-    """Mean over every token of ρ − 1 − log ρ, ρ = exp(train − engine)."""
-    terms = []
-    for eng, trn in zip(engine_logprobs, train_logprobs):
-        for le, lt in zip(eng, trn):
-            rho = math.exp(lt - le)
-            terms.append(rho - 1 - math.log(rho))
-    return sum(terms) / len(terms)
+import torch
 
 
-def my_dump_line(engine_logprobs, train_logprobs, seq_id):
-    """One JSONL line of the dump schema."""
-    line = {"id": seq_id, "engine_logprobs": list(engine_logprobs), "train_logprobs": list(train_logprobs)}
-    return json.dumps(line)
+def my_predictions():
+    """Verdicts against the tiny budget (budgets/tiny/budget.json, a few nats/token): the real configurations
+    measure 1e-4–1e-2, weight noise σ = 0.2 about 1.2 and σ = 1 about 10 (notebooks 02 and 04)."""
+    return {
+        "fp8 weights": "admit",
+        "fp8 KV cache": "admit",
+        "staleness 2": "admit",
+        "noise 0.2": "admit",
+        "noise 1.0": "reject",
+    }
 
 
-def my_ess(engine_logprobs, train_logprobs):
-    """(Σρ)² / (n Σρ²) over every token."""
-    rho = [math.exp(lt - le) for eng, trn in zip(engine_logprobs, train_logprobs) for le, lt in zip(eng, trn)]
-    return sum(rho) ** 2 / (len(rho) * sum(r * r for r in rho))
+def my_dead_group_fraction(p, group):
+    """P(all G responses score the same) = p^G + (1 − p)^G: such a group has advantage 0."""
+    return p**group + (1 - p) ** group
+
+
+def my_expected_tis_weight(logp_engine_V, logp_train_V, cap):
+    """E_{y∼π_e}[min(π_t(y)/π_e(y), C)] = Σ_v min(π_t(v), C π_e(v))."""
+    p_e, p_t = logp_engine_V.double().exp(), logp_train_V.double().exp()
+    return torch.minimum(p_t, cap * p_e).sum().item()
