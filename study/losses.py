@@ -56,8 +56,9 @@ def label_of(b: dict) -> str:
 
 
 def settings_of(b: dict) -> dict:
-    """What a budget's runs were trained with, the loss aside: steps and train_settings without the loss."""
-    kept = {k: v for k, v in b["train_settings"].items() if k not in ("loss", "tis_cap")}
+    """What a budget's runs were trained with, the loss aside: steps and train_settings without the loss (its
+    estimator, importance-weight cap and centring)."""
+    kept = {k: v for k, v in b["train_settings"].items() if k not in ("loss", "tis_cap", "center_advantages")}
     return {"steps": b["steps"], **kept}
 
 

@@ -190,6 +190,8 @@ def test_a_loss_is_compared_with_the_analytic_budget_trained_at_its_settings():
     budgets = [(Path("a.json"), analytic), (Path("s.json"), sampled)]
     assert losses.analytic_like(sampled, [analytic]) is None
     assert losses.analytic_like(sampled, [analytic, early]) is early
+    centred = {**sampled, "train_settings": {**sampled["train_settings"], "center_advantages": True}}
+    assert losses.analytic_like(centred, [analytic, early]) is early  # centring is the loss's, not a setting
     alone = losses.losses_table(budgets).splitlines()[3]
     assert alone.split(" | ")[4] == "—"  # no analytic calibration at its settings
     row = losses.losses_table(budgets, [(Path("r.json"), early)]).splitlines()[3]
