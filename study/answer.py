@@ -35,7 +35,7 @@ def at_tolerance(b: dict, fraction: float = STUDY_TOLERANCE) -> dict:
         return b
     tol = fraction * b["baseline"]["improvement"]
     seeds = b["seeds"]
-    fitted = budget_fit(b["points"], b["loss"], fraction, tol, seeds)
+    fitted = budget_fit(b["points"], b["loss"], fraction, tol=tol, seeds=seeds)
     noise = {**(b.get("noise") or {}), **paired_loss_gate(b["points"], tol=tol, seeds=seeds, loss=b["loss"])}
     return {**b, **fitted, "tolerance": {**b["tolerance"], "fraction": fraction, "nats": tol}, "noise": noise}
 
@@ -70,8 +70,8 @@ def real_verdict(b: dict, source: str, m: dict) -> str:
 
 
 def rate_note(pair: str, b: dict) -> str:
-    """Whether b's learning rate is its loss's own, chosen by `python -m study lr` (lab.calibrate.study_recipe),
-    another, or one no sweep has searched for this pair."""
+    """Whether b's learning rate is its loss's own, chosen by `python -m study lr`
+    (lab.calibrate.study_recipe), another, or one no sweep has searched for this pair."""
     own = study_recipe(pair, label_of(b)).get("lr")
     if own is None:
         return "not searched"
@@ -124,7 +124,10 @@ def real_cell(m: dict | None) -> str:
 
 def answer_table(rows: list[dict]) -> str:
     """Markdown: the answer, one row per pair and loss."""
-    head = "| pair | loss | recipe (lr: searched?, steps × seeds) | budget (nats/token) | 95% interval | SE / tol |"
+    head = (
+        "| pair | loss | recipe (lr: searched?, steps × seeds) | budget (nats/token) | 95% interval "
+        "| SE / tol |"
+    )
     lines = [
         head + "".join(f" {r} |" for r in REAL),
         "|" + "---|" * (6 + len(REAL)),
@@ -134,7 +137,8 @@ def answer_table(rows: list[dict]) -> str:
         power += " (under-powered)" if r["under_powered"] else ""
         refit = " (refitted)" if r["refitted"] else ""
         lines.append(
-            f"| {r['pair']} | {r['loss']} | {r['lr']:g}: {r['rate']}, {r['steps']} × {r['seeds']} | {r['budget_text']}{refit} "
+            f"| {r['pair']} | {r['loss']} | {r['lr']:g}: {r['rate']}, {r['steps']} × {r['seeds']} "
+            f"| {r['budget_text']}{refit} "
             f"| {r['interval_text']} | {power} |" + "".join(f" {real_cell(r['real'].get(s))} |" for s in REAL)
         )
     return "\n".join(lines)
@@ -150,7 +154,6 @@ def answer_section(rows: list[dict]) -> str:
         "probe mismatch (nats/token), the verdict `check` gives it, and the mean quality loss training under "
         "it lost (nats, paired with the same-seed baseline), within or beyond the tolerance. SE / tol: the "
         "standard error of one configuration's mean quality loss over the tolerance; above 1/3 the budget "
-        "is under-powered. A learning rate is the loss's own where `python -m study lr` chose it for the pair.\n\n"
-        + answer_table(rows)
-        + "\n"
+        "is under-powered. A learning rate is the loss's own where `python -m study lr` chose it for the "
+        "pair.\n\n" + answer_table(rows) + "\n"
     )

@@ -144,8 +144,9 @@ def prefix_table(result: dict) -> str:
 
 
 def tolerated(result: dict, fraction: float) -> dict:
-    """How much weight noise each estimator of a prefix study tolerates, judged at `fraction` of the study's own
-    baseline improvement (the analytic loss at σ 0: the same steps, seeds and settings as every run in it):
+    """How much weight noise each estimator of a prefix study tolerates, judged at `fraction` of the study's
+    own baseline improvement (the analytic loss at σ 0: the same steps, seeds and settings as every run in
+    it):
         tol = fraction · (RKL_step0 − mean final RKL of that baseline).
     Each σ > 0 is within when the mean paired loss over seeds is within tol by two standard errors,
     mean + 2·SE <= tol; beyond when mean − 2·SE > tol; undecided otherwise. Returns {"tolerance": tol,

@@ -296,11 +296,10 @@ def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
 
 def test_validate_reuse_takes_a_recorded_validations_runs_and_trains_nothing(tmp_path):
     """validate --reuse: the recorded validation of the same budget gives the training points, so only the
-    checks run again; a record of another budget is refused. The budget is the one the record validated: the
-    analytic calibration at lr 1.5e-3, kept in results/calibration_tiny_lr0.0015.json since the analytic
-    budget moved to its own rate."""
+    checks run again; a record of another budget is refused. The budget is the one the record validated, the
+    committed analytic budget."""
     record = json.loads((ROOT / "results/validation_tiny.json").read_text())
-    budget = json.loads((ROOT / "results/calibration_tiny_lr0.0015.json").read_text())
+    budget = json.loads((ROOT / "budgets/tiny/budget.json").read_text())
     assert budget["budget"] == record["budget"]
     recorded, trained_on = validate.reused_validation(
         ROOT / "results/validation_tiny.json", "tiny", budget, "analytic"
