@@ -286,9 +286,18 @@ def test_a_budget_holds_for_its_loss_only(tmp_path):
     ok = cli("check", "--budget", str(out / "budget.json"), "--pair", "tiny", "--probes", "8", cwd=tmp_path)
     assert ok.returncode in (0, 1, 4) and "for the sampler-is loss" in ok.stdout, ok.stderr[-2000:]
     # a stale candidate trains its trajectory with the budget's settings ("inf" cap included); the
-    # calibration's only stale runs (staleness 2) lost, none at or below 1 stayed within: the axis cannot vouch
+    # calibration's staleness-1 runs lost beyond the tolerance: staleness 1 is rejected on its own axis
     args = ["--pair", "tiny", "--probes", "8", "--staleness", "1"]
     stale = cli("check", "--budget", str(out / "budget.json"), *args, cwd=tmp_path)
+    assert stale.returncode == 1, stale.stderr[-2000:]
+    assert (
+        "REJECT for the sampler-is loss" in stale.stdout
+        and "at least as stale as a calibration run" in stale.stdout
+    )
+    # without its staleness-1 runs, the stale runs that lost (2 and 4) do not bracket 1: the axis cannot vouch
+    budget["points"] = [p for p in budget["points"] if p["source"] != "staleness 1"]
+    (out / "without1.json").write_text(json.dumps(budget))
+    stale = cli("check", "--budget", str(out / "without1.json"), *args, cwd=tmp_path)
     assert stale.returncode == 4, stale.stderr[-2000:]
     assert (
         "UNCERTAIN for the sampler-is loss" in stale.stdout
