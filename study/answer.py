@@ -20,7 +20,7 @@ from pathlib import Path
 
 from budget import budget_power, source_staleness
 from config import STUDY_TOLERANCE
-from lab.calibrate import budget_fit, paired_loss_gate, study_recipe
+from lab.calibrate import budget_fit, by_source, paired_loss_gate, study_recipe
 from study.losses import budget_text, interval_text, label_of, pair_budgets
 from verdict import judge, stale_axis, with_stale_axis
 
@@ -42,21 +42,17 @@ def at_tolerance(b: dict, fraction: float = STUDY_TOLERANCE) -> dict:
 
 def real_configurations(b: dict) -> dict[str, dict]:
     """The calibration's real configurations (REAL), each over its seeds: the mean probe mismatch, the
-    widest probe interval, the mean paired quality loss and its standard error, and the seeds."""
+    widest probe interval, the mean paired quality loss, and the seeds."""
+    groups = by_source(b["points"])
     out = {}
-    for source in REAL:
-        pts = [p for p in b["points"] if p["source"] == source]
-        if not pts:
-            continue
-        losses = [p["quality_loss"] for p in pts]
+    for source in (s for s in REAL if s in groups):
+        pts = groups[source]
         cis = [p.get("mismatch_ci") or (p["mismatch"], p["mismatch"]) for p in pts]
-        se = statistics.stdev(losses) / math.sqrt(len(losses)) if len(losses) > 1 else None
         out[source] = {
             "mismatch_kl": statistics.fmean(p["mismatch"] for p in pts),
             "ci_low": min(lo for lo, _ in cis),
             "ci_high": max(hi for _, hi in cis),
-            "quality_loss": statistics.fmean(losses),
-            "quality_loss_se": se,
+            "quality_loss": statistics.fmean(p["quality_loss"] for p in pts),
             "seeds": len(pts),
         }
     return out

@@ -139,10 +139,6 @@ def prefix_table(result: dict) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------------
-# async: time-to-quality
-
-
 def tolerated(result: dict, fraction: float) -> dict:
     """How much weight noise each estimator of a prefix study tolerates, judged at `fraction` of the study's
     own baseline improvement (the analytic loss at σ 0: the same steps, seeds and settings as every run in

@@ -11,8 +11,8 @@ LAYERS = {
     "cli": 0,  # errors, exit codes, argparse converters, logger setup
     "config": 0,  # every default, as plain data: the pairs table, the study's settings, probe counts
     "lab.atomic": 1,  # atomic writes: a full disk is one line and nothing half-written
-    "lab.hf_pairs": 1,
-    "lab.budget_schema": 1,  # the schema of a budget.json: typed fields, finite numbers, the interval  # Hugging Face pairs: the GGUF teachers converted once, layer-dropped students
+    "lab.hf_pairs": 1,  # Hugging Face pairs: the GGUF teachers converted once, layer-dropped students
+    "lab.budget_schema": 1,  # the schema of a budget.json: typed fields, finite numbers, the interval
     "models": 2,  # pairs, prompts, devices, the output head
     "budget": 2,  # the budget file: schema, reading, the loss it holds for
     "lab.runfiles": 2,  # the run folder: checkpoints, the lock, the resume diff
