@@ -101,7 +101,8 @@ ANALYTIC_NEAR = {"tiny": (0.75, 1.3), "smollm2": ()}
 def candidates_for(pair_name: str, budget: dict) -> list[tuple[str, dict]]:
     """The analytic loss: the pair's VALIDATION list and noise at ANALYTIC_NEAR × its budget. A sampled
     loss, whose budget lies far below the analytic one: the list's configurations without noise,
-    SAMPLED_REAL's configurations, and noise at NEAR_BUDGET × its budget."""
+    SAMPLED_REAL's configurations, and noise at NEAR_BUDGET × its budget. A candidate the budget's calibration
+    also ran is trained and shown all the same, but not counted (agreement_rows)."""
     if budget["how"] != "crossing":
         return VALIDATION[pair_name]
     if budget["loss"] == "analytic":
@@ -114,15 +115,18 @@ def candidates_for(pair_name: str, budget: dict) -> list[tuple[str, dict]]:
     return real + [(f"noise {s:g}", {"noise": s}) for s in sigmas]
 
 
-def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -> list[dict]:
+def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float, ran=frozenset()) -> list[dict]:
     """One row per candidate: check's verdict beside the training outcome (within: mean paired quality loss
-    <= tol), and whether they agree (None for an uncertain verdict)."""
+    <= tol), and whether they agree: None for an uncertain verdict, and for a candidate in `ran`, the
+    sources the budget's calibration ran (a verdict on a configuration the budget was fitted to validates
+    nothing)."""
     rows = []
     for label, _ in candidates:
         loss = mean_by(points, label, "delta_eval_rkl")
         outcome = "within" if loss <= tol else "beyond"
         v = verdicts[label]
-        agree = None if v["verdict"] == "uncertain" else (v["verdict"] == "admit") == (outcome == "within")
+        counted = v["verdict"] != "uncertain" and label not in ran
+        agree = (v["verdict"] == "admit") == (outcome == "within") if counted else None
         rows.append(
             {
                 "candidate": label,
@@ -134,6 +138,7 @@ def agreement_rows(candidates, points: list[dict], verdicts: dict, tol: float) -
                 "quality_loss": loss,
                 "outcome": outcome,
                 "agree": agree,
+                "calibrated": label in ran,
             }
         )
     return rows
@@ -188,24 +193,27 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
 
 
 def validation_budget(pair_name: str, budget_path: Path) -> tuple[dict, dict]:
-    """The budget a validation checks against, and the loss (loss, tis_cap) it trains with: the budget's."""
+    """The budget a validation checks against, and the loss (loss, tis_cap, center_advantages) it trains
+    with: the budget's."""
     if pair_name not in VALIDATION:
         raise BadInput(f"--pair {pair_name}: no validation candidates; choose from {', '.join(VALIDATION)}")
     budget = read_budget(budget_path, pair_name)
     steps = budget.get("steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise BadInput(f"--budget {budget_path}: steps is {steps!r}; validation trains that many")
-    return budget, {"loss": budget["loss"], "tis_cap": budget["tis_cap"]}
+    center = bool(budget.get("center_advantages", False))
+    return budget, {"loss": budget["loss"], "tis_cap": budget["tis_cap"], "center_advantages": center}
 
 
 def validate(
     pair_name: str, budget_path: Path, seeds: int, probes: int, device: str, reuse: Path | None = None
 ) -> dict:
     budget, loss = validation_budget(pair_name, budget_path)
-    suffix = "" if loss_label(**loss) == "analytic" else f"_{loss_label(**loss)}"
+    label = loss_label(loss["loss"], loss["tis_cap"], center=loss["center_advantages"])
+    suffix = "" if label == "analytic" else f"_{label}"
     recorded, trained_where = ({}, "")
     if reuse:
-        recorded, trained_where = reused_validation(reuse, pair_name, budget=budget, label=loss_label(**loss))
+        recorded, trained_where = reused_validation(reuse, pair_name, budget=budget, label=label)
     candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
     # the validation trains as the calibration did: the budget's recorded settings, loss included
@@ -229,12 +237,13 @@ def validate(
     )
     paired(points, "eval_rkl", lambda p: "baseline")
     tol = budget["tolerance"]["nats"]
-    rows = agreement_rows(candidates, points, verdicts, tol=tol)
+    ran = {p.get("source") for p in budget.get("points", [])}
+    rows = agreement_rows(candidates, points, verdicts, tol=tol, ran=ran)
     decided = [r for r in rows if r["agree"] is not None]
     reused = sum(bool(p.get("reused")) for p in points)
     result = {
         "pair": pair_name,
-        "loss": loss_label(**loss),
+        "loss": label,
         "budget": budget["budget"],
         "budget_how": budget["how"],
         "tolerance_nats": tol,
@@ -261,7 +270,11 @@ def validation_table(result: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        agree = {True: "yes", False: "**no**", None: "–"}[r["agree"]]
+        agree = (
+            "calibrated: not counted"
+            if r.get("calibrated")
+            else {True: "yes", False: "**no**", None: "–"}[r["agree"]]
+        )
         lines.append(
             f"| {r['candidate']} | {r['check_mismatch']:.3g} [{r['ci'][0]:.3g}, {r['ci'][1]:.3g}] "
             f"| {r['verdict']} | "
@@ -269,11 +282,15 @@ def validation_table(result: dict) -> str:
         )
     agree_n = sum(r["agree"] is True for r in result["rows"])
     agreement = "n/a" if result["agreement"] is None else f"{result['agreement']:.0%}"
+    seen = sum(bool(r.get("calibrated")) for r in result["rows"])
+    unseen = len(result["rows"]) - seen
     lines.append(
         f"\nBudget {result['budget']:.3g} nats/token ({result['budget_how']}), "
         f"tolerance {result['tolerance_nats']:.4f} nats; agreement on decided verdicts: {agreement} "
         f"({agree_n} of {result['decided']}; "
-        f"{result['decided']} of {len(result['rows'])} candidates decided); "
+        f"{result['decided']} of {unseen} unseen candidates decided"
+        + (f"; {seen} the calibration also ran, shown and not counted" if seen else "")
+        + "); "
         f"{result['steps']} steps × {result['seeds']} seeds per run; "
         f"checks of at most {result['probes']} probes; {result['device']}."
     )

@@ -142,7 +142,7 @@ def test_validation_table_counts_agreement_on_decided_verdicts_only():
         "device": "CPU",
     }
     table = validate.validation_table(json.loads(json.dumps(result)))
-    assert "agreement on decided verdicts: 100% (2 of 2; 2 of 3 candidates decided)" in table
+    assert "agreement on decided verdicts: 100% (2 of 2; 2 of 3 unseen candidates decided)" in table
     assert "checks of at most 64 probes" in table
     assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(
         rows
@@ -266,6 +266,40 @@ def test_a_sampled_loss_is_validated_near_its_own_budget():
     assert [
         c for c, _ in validate.candidates_for("tiny", {**budget, "loss": "analytic", "budget": 0.0533})
     ].count("noise 0.2") == 1
+
+
+def test_a_validation_trains_the_budgets_own_loss_on_configurations_its_calibration_never_ran():
+    """The centred budget's validation trains the centred loss (not the uncorrected one, whose runs and
+    record it would otherwise share), names its record for it, and leaves out what its calibration ran."""
+    path = ROOT / "budgets/tiny/sampled-centered/budget.json"
+    budget, loss = validate.validation_budget("tiny", path)
+    assert loss == {"loss": "sampled", "tis_cap": 0.0, "center_advantages": True}
+    assert budget["train_settings"]["center_advantages"] is True
+    _, plain = validate.validation_budget("tiny", ROOT / "budgets/tiny/sampled/budget.json")
+    assert plain["center_advantages"] is False
+    # its calibration ran staleness 1 and 4: their rows are shown, and not counted
+    ran = {p["source"] for p in budget["points"]}
+    candidates = validate.candidates_for("tiny", budget)
+    assert {"staleness 1", "staleness 4"} <= ran & {label for label, _ in candidates}
+    points = [
+        {"label": label, "seed": 0, "mismatch": 0.1, "delta_eval_rkl": 9.0 if "stale" in label else 0.0}
+        for label, _ in candidates
+    ]
+    verdicts = {
+        label: {"verdict": "reject" if "stale" in label else "admit", "mismatch_kl": 0.1}
+        | {"ci_low": 0.05, "ci_high": 0.2, "seconds": 1.0}
+        for label, _ in candidates
+    }
+    rows = validate.agreement_rows(candidates, points, verdicts, tol=0.2, ran=ran)
+    counted = [r["candidate"] for r in rows if r["agree"] is not None]
+    assert len(counted) == len(candidates) - 2 >= 8 and not ran & set(counted)
+    assert all(r["calibrated"] == (r["candidate"] in ran) for r in rows)
+    table = validate.validation_table(
+        {"budget": 0.005, "budget_how": "crossing", "tolerance_nats": 0.2, "rows": rows, "steps": 400}
+        | {"seeds": 1, "probes": 64, "device": "cpu", "decided": len(counted), "agreement": 1.0}
+    )
+    assert table.count("calibrated: not counted") == 2
+    assert f"{len(counted)} of {len(counted)} unseen candidates decided; 2 the calibration also ran" in table
 
 
 def test_every_committed_budget_was_trained_at_the_study_settings_of_its_loss():
