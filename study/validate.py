@@ -209,11 +209,11 @@ def validate(
     pair_name: str, budget_path: Path, seeds: int, probes: int, device: str, reuse: Path | None = None
 ) -> dict:
     budget, loss = validation_budget(pair_name, budget_path)
-    label = loss_label(loss["loss"], loss["tis_cap"], center=loss["center_advantages"])
-    suffix = "" if label == "analytic" else f"_{label}"
+    name = loss_label(loss["loss"], loss["tis_cap"], center=loss["center_advantages"])
+    suffix = "" if name == "analytic" else f"_{name}"
     recorded, trained_where = ({}, "")
     if reuse:
-        recorded, trained_where = reused_validation(reuse, pair_name, budget=budget, label=label)
+        recorded, trained_where = reused_validation(reuse, pair_name, budget=budget, label=name)
     candidates = candidates_for(pair_name, budget)
     pair = load_pair(pair_name, device=device)
     # the validation trains as the calibration did: the budget's recorded settings, loss included
@@ -243,7 +243,7 @@ def validate(
     reused = sum(bool(p.get("reused")) for p in points)
     result = {
         "pair": pair_name,
-        "loss": label,
+        "loss": name,
         "budget": budget["budget"],
         "budget_how": budget["how"],
         "tolerance_nats": tol,
