@@ -381,6 +381,14 @@ def test_lr_choice_is_the_best_mean_among_rates_where_no_seed_diverged():
     assert cell["diverged"] == 1 and cell["eval_rkl_mean"] == 1.0
     partial = [p for p in points if not (p["lr"] == 3e-4 and p["seed"] == 1)]
     assert set(choose(partial, grid, seeds)[1].values()) == {1e-4}  # a rate needs every seed to be chosen
+    # a choice at an end of the grid is marked: the best rate may lie beyond it
+    from study.lr import chosen_text
+
+    result = {"grid": list(grid), "chosen": {"analytic": 3e-4, "sampled": 1e-4, "sampler-is": 1e-3}}
+    assert chosen_text(result, "analytic") == "0.0003"
+    assert chosen_text(result, "sampled") == "0.0001, bottom of the grid"
+    assert chosen_text(result, "sampler-is") == "0.001, top of the grid"
+    assert chosen_text(result, "sampled-tis2") == "—"
 
 
 def test_seed_noise_pools_the_within_rate_variance_of_each_quality_measure():
