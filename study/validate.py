@@ -16,12 +16,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from admit import check
-from budget import loss_label, read_budget
+from budget import read_budget
 from lab.budget_schema import check_schema
 from lab.calibrate import study_config, train_settings, trained_on
 from cli import BadInput
 from models import device_label, load_pair
 from study.common import RESULTS, mean_by, paired, sweep, write
+from study.losses import label_of
 from study.sensitivity import block_skip
 
 # Candidates off each pair's calibration grid (tiny's calibrations ran noise 0.003, 0.01, 0.03, 0.1, 0.3, 0.5
@@ -210,7 +211,7 @@ def validate(
     pair_name: str, budget_path: Path, seeds: int, probes: int, device: str, reuse: Path | None = None
 ) -> dict:
     budget, loss = validation_budget(pair_name, budget_path)
-    name = loss_label(loss["loss"], loss["tis_cap"], center=loss["center_advantages"])
+    name = label_of(budget)
     suffix = "" if name == "analytic" else f"_{name}"
     recorded, trained_where = ({}, "")
     if reuse:

@@ -431,7 +431,6 @@ def test_the_answer_refits_a_budget_at_one_tolerance_from_its_own_points():
     """study.answer.at_tolerance: a budget at its own fraction is itself; moved to another fraction and back,
     the fit, the seed interval and the noise come back as the calibration recorded them (pure functions of
     the points)."""
-
     b = json.loads((ROOT / "budgets" / "tiny" / "budget.json").read_text())
     fraction = b["tolerance"]["fraction"]
     assert answer.at_tolerance(b, fraction) is b
