@@ -12,9 +12,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from config import KV_SCALE_PROMPTS
+from engine import RolloutEngine, snapshot
 from models import Prompt, format_prompt
 from rollout import Rollout
-from engine import RolloutEngine, snapshot
 
 
 def step_generator(seed: int, step: int, device) -> torch.Generator:

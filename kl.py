@@ -16,7 +16,6 @@ mismatch.py measures engines with these; train.py logs them beside the loss; por
 
 import torch
 
-
 KL_ROWS = 16  # token_kl's block: 16 × 49k float64 logits, ~6 MB, 4.8× faster than 256 rows on a 2-core CPU
 
 

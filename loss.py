@@ -41,8 +41,8 @@ from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from kl import token_kl
-from rollout import response_hidden
 from models import head
+from rollout import response_hidden
 
 ESTIMATORS = ("analytic", "sampled", "sampler", "grpo")
 RECOMPUTE_BYTES = 2 * 2**30

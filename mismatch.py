@@ -62,6 +62,7 @@ from config import (
     MEASURE_PROBES,
     PAIRS,
 )
+from engine import RolloutEngine
 from kl import bootstrap_ci, sampled_token_metrics, token_kl
 from lab.rollout_args import add_rollout_args, rollout_config_from_args
 from models import (
@@ -75,7 +76,6 @@ from models import (
 )
 from port.dumps import write_dump
 from rollout import RolloutConfig, response_hidden
-from engine import RolloutEngine
 
 
 @torch.no_grad()

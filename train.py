@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 from batches import Batches, make_engine
 from cli import EXPECTED, RERUN, BadInput, NonFinite, OverBudget, StopSignals, fail, given_dests
+from engine import snapshot
 from evaluate import evaluate
 from kl import mismatch_se, prefix_shift_kl
 from lab.runfiles import (
@@ -79,7 +80,6 @@ from loss import opd_loss
 from mismatch import rescored_token_kl
 from models import check_prompts, format_prompt, load_pair, resolve_device
 from rl import exact_match_rewards, group_advantages
-from engine import snapshot
 
 # ---------------------------------------------------------------------------------------------------
 # One step

@@ -768,7 +768,7 @@ def paired_loss_gate(points: list[dict], *, tol: float, seeds: int, loss: str) -
     staleness by them on its own axis (verdict.stale_axis), never by the fitted curve."""
     sd = paired_loss_sd(fit_points(points, loss), near=NEAR * tol)
     se = sd / math.sqrt(seeds) if sd is not None else None
-    pooled = "configurations whose mean |quality loss| <= {:g} × tolerance".format(NEAR)
+    pooled = f"configurations whose mean |quality loss| <= {NEAR:g} × tolerance"
     return {
         "paired_loss_sd": sd,
         "paired_loss_pooled_over": pooled if loss == "analytic" else f"fitted {pooled} (no stale runs)",

@@ -8,8 +8,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from lab.calibrate import short_run
 from lab.atomic import atomic_write_text
+from lab.calibrate import short_run
 from lab.runfiles import atomic_savefig
 
 RESULTS = Path("results")

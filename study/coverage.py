@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from lab.hf_pairs import cache_dir
 from lab.atomic import atomic_write_text
+from lab.hf_pairs import cache_dir
 from mismatch import measure_config
 from models import format_prompt, load_pair
 from port.dumps import Dump

@@ -45,16 +45,27 @@ LR_SEEDS = {"tiny": 3, "smollm2": 2, "gemma3": 2}
 def lr_run(out: Path, pair: str, label: str, lr: float, seed: int, device: str) -> dict:
     """One clean baseline run of loss `label` at rate `lr`: its run_point, or a diverged point when
     training stopped on a non-finite loss (a rerun resumes it and stops the same way)."""
-    name = f"{slug(label)}-lr{lr:g}-seed{seed}"
     point = {"loss": label, "lr": lr, "seed": seed}
     try:
         run = short_run(
-            out, pair, name, seed=seed, device=device, rollout_over={}, lr=lr, **STUDY_LOSSES[label]
+            out,
+            pair,
+            run_name(label, lr, seed),
+            seed=seed,
+            device=device,
+            rollout_over={},
+            lr=lr,
+            **STUDY_LOSSES[label],
         )
     except NonFinite as e:
         return {**point, "diverged": True, "stopped": str(e), "eval_rkl": None}
     diverged = not math.isfinite(run["eval_rkl"]) or run["eval_rkl"] > run["eval_rkl_start"]
     return {**point, **run, "diverged": diverged}
+
+
+def run_name(label: str, lr: float, seed: int) -> str:
+    """The run folder of one sweep run, under runs/study/lr_<pair>/."""
+    return f"{slug(label)}-lr{lr:g}-seed{seed}"
 
 
 def choose(points: list[dict], grid: tuple, seeds: int) -> tuple[list[dict], dict]:
@@ -104,7 +115,9 @@ def recorded_points(pair: str) -> dict:
 
 def lr_sweep(pair: str, seeds: int, device: str) -> dict:
     """Run (or reuse) every loss x rate x seed, seed-major, taking the points results/lr_<pair>.json already
-    records; rewrite that file after every run, so a stop loses at most the run in progress."""
+    records; rewrite that file after every run, so a stop loses at most the run in progress. A run's
+    checkpoint is deleted once its point is recorded: the sweep reads only the record, and smollm2's
+    checkpoints (1.4 GB a run, 50 runs) would not fit beside each other on a laptop's disk."""
     out = Path("runs") / "study" / f"lr_{pair}"
     grid, points, recorded = LR_GRID[pair], [], recorded_points(pair)
     jobs = [(s, lr, label) for s in range(seeds) for lr in grid for label in STUDY_LOSSES]
@@ -117,6 +130,7 @@ def lr_sweep(pair: str, seeds: int, device: str) -> dict:
             {**lr_run(out, pair, label, lr=lr, seed=seed, device=device), "device": device_label(device)}
         )
         write(f"lr_{pair}", lr_result(pair, points, seeds=seeds, device=device))
+        (out / run_name(label, lr, seed) / "checkpoint.pt").unlink(missing_ok=True)
     result = lr_result(pair, points, seeds=seeds, device=device)
     write(f"lr_{pair}", result)
     plot_lr(result, RESULTS / f"lr_{pair}.png")

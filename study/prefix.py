@@ -7,8 +7,8 @@ estimators as σ grows: analytic (immune to the per-token part), sampled-token, 
 from pathlib import Path
 
 from config import TINY_EARLY
-from models import device_label
 from lab.runfiles import read_metrics
+from models import device_label
 from study.common import (
     RESULTS,
     mean_by,

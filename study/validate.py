@@ -17,9 +17,9 @@ from tqdm import tqdm
 
 from admit import check
 from budget import read_budget
+from cli import BadInput
 from lab.budget_schema import check_schema
 from lab.calibrate import study_config, train_settings, trained_on
-from cli import BadInput
 from models import device_label, load_pair
 from study.common import RESULTS, mean_by, paired, sweep, write
 from study.losses import label_of

@@ -8,14 +8,13 @@ import math
 import pytest
 import torch
 
-import admit
 import budget
 from cli import BadInput
+from mismatch import measure_config
+from models import format_prompt
 from port.dumps import Dump, read_dump, write_dump
 from port.estimate import dump_estimate, dump_flags, seq_mean_se
 from port.judge import check_dump
-from mismatch import measure_config
-from models import format_prompt
 from rollout import RolloutConfig
 from study.coverage import CELLS, as_dump, compact, judge_draws, sample_draw
 

@@ -27,7 +27,7 @@ def read(name: str) -> str:
 
 
 def code_blocks(text: str) -> list[str]:
-    return re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M)
+    return re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
 
 
 def python_commands(text: str) -> list[list[str]]:
@@ -125,7 +125,7 @@ def test_figures_are_embedded_and_exist():
 
 def test_readme_quotes_only_numbers_results_md_has():
     """One source: a number in the README's prose (code and inline code aside) is one RESULTS.md states."""
-    text = re.sub(r"```.*?```", "", read("README.md"), flags=re.S)
+    text = re.sub(r"```.*?```", "", read("README.md"), flags=re.DOTALL)
     text = re.sub(r"`[^`]*`|!\[[^\]]*\]\([^)]*\)", "", text)
     results = set(re.findall(NUMBER, read("RESULTS.md")))
     stray = sorted(set(re.findall(NUMBER, text)) - results - NOT_RESULTS)
@@ -135,7 +135,7 @@ def test_readme_quotes_only_numbers_results_md_has():
 def layer_table(text: str) -> dict[str, int]:
     """{module or package: layer} from the rows `| N | `a.py`, `b/` | ... |` of a document's layer table."""
     table = {}
-    for layer, files in re.findall(r"^\| (\d+) \| ([^|]*) \|", text, flags=re.M):
+    for layer, files in re.findall(r"^\| (\d+) \| ([^|]*) \|", text, flags=re.MULTILINE):
         for package, name in re.findall(r"`(?:(lab|port)/)?([\w]+)(?:\.py|/)`", files):
             table[f"{package}.{name}" if package else name] = int(layer)
     return table
@@ -152,7 +152,7 @@ def test_layer_tables_are_the_enforced_one(doc):
 @pytest.mark.parametrize("doc", DOCS)
 def test_documents_describe_the_code_not_its_history(doc):
     history = r"\bthis version\b|\brenamed in\b|\bissue \d+|\(issue\b|\bwas lent\b|\bnot lent\b|\btarget is missed\b"
-    found = re.findall(history, read(doc), flags=re.I)
+    found = re.findall(history, read(doc), flags=re.IGNORECASE)
     assert not found, f"{doc}: {found}"
 
 

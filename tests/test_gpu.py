@@ -15,15 +15,15 @@ from test_rollout import hf_greedy, tiny_prompts
 from test_train import same_steps, stale_twin
 
 from cli import BadInput
+from config import TINY_EARLY
+from engine import RolloutEngine
+from lab.calibrate import study_config
+from lab.runfiles import load_checkpoint
 from loss import opd_loss
 from models import format_prompt, load_pair
 from quant import HAVE_TORCHAO, KVScales, fp8_dyn_available, fp8_kv_cache, quantize_weights
 from rollout import RolloutConfig, decode, encode_prompts, generate, positions, prefill
-from engine import RolloutEngine
-from lab.runfiles import load_checkpoint
 from tools import gpu_check
-from config import TINY_EARLY
-from lab.calibrate import study_config
 from train import run
 
 from transformers import DynamicCache  # isort: skip

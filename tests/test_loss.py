@@ -4,9 +4,9 @@ import pytest
 import torch
 from conftest import assert_close
 
+from loss import opd_loss, reverse_kl_terms
 from models import format_prompt, tiny_problems
 from rollout import RolloutConfig, generate
-from loss import opd_loss, reverse_kl_terms
 
 
 def direct_kl(p_s: torch.Tensor, p_t: torch.Tensor) -> torch.Tensor:
@@ -105,9 +105,9 @@ def test_loss_zero_when_student_is_teacher(tiny_pair):
 
 
 def test_tis_weights_and_weighted_loss_equal_direct_computation(tiny_pair):
-    from rollout import positions
     from engine import RolloutEngine
     from loss import tis_weights
+    from rollout import positions
 
     assert_close(
         tis_weights(torch.tensor([0.0, -1.0, -3.0]), torch.tensor([-1.0, -1.0, -1.0]), cap=2.0),

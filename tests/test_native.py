@@ -31,9 +31,9 @@ from native_fixtures import (
 
 import admit
 import budget
+from cli import BadInput
 from port.audit import by_position, token_estimates
 from port.estimate import dump_estimate
-from cli import BadInput
 from port.judge import check_dump
 from port.native import FORMATS, MAX_STEP, merge, read_native, select_steps
 from verdict import VERDICT_EXIT, judge

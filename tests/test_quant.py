@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import assert_close
 
+from engine import RolloutEngine
 from models import BadInput, format_prompt, tiny_problems
 from quant import (
     FP8_MAX,
@@ -14,9 +15,7 @@ from quant import (
     quantize_fp8,
     quantize_weights,
 )
-from rollout import RolloutConfig
-from engine import RolloutEngine
-from rollout import response_hidden
+from rollout import RolloutConfig, response_hidden
 
 
 def test_round_trip_within_e4m3_bound():

@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import assert_close
 
+from engine import RolloutEngine
+from loss import opd_loss
 from models import format_prompt, tiny_problems
 from rl import exact_match_rewards, group_advantages
 from rollout import RolloutConfig, positions
-from engine import RolloutEngine
-from loss import opd_loss
 
 
 def test_exact_match_rewards():

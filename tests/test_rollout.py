@@ -7,7 +7,6 @@ from conftest import assert_close
 from models import format_prompt, tiny_problems
 from rollout import RolloutConfig, generate, positions, top_p_filter
 
-
 SHORT = ["12+34=", "57+94=", "80+61="]  # shorter prompts, so every batch really is left-padded
 
 
@@ -205,10 +204,10 @@ def test_llama_decode_equals_the_hf_forward_bit_for_bit(tokenizer, kv_heads, row
     grouped-query attention (2 key/value heads for 4 query heads) and through the FP8 KV cache."""
     from transformers import DynamicCache, LlamaForCausalLM
 
+    from cpu_decode import llama_decode, small_batch_linears
     from models import cache_arg, tiny_config
     from quant import KVScales, fp8_kv_cache
     from rollout import encode_prompts, prefill
-    from cpu_decode import llama_decode, small_batch_linears
 
     config = tiny_config("student")
     config.num_key_value_heads = kv_heads

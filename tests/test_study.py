@@ -391,6 +391,37 @@ def test_lr_choice_is_the_best_mean_among_rates_where_no_seed_diverged():
     assert chosen_text(result, "sampled-tis2") == "—"
 
 
+def test_lr_sweep_deletes_a_runs_checkpoint_once_its_point_is_recorded(tmp_path, monkeypatch):
+    """study.lr.lr_sweep keeps every run's record and drops its checkpoint.pt once the point is written
+    (the sweep resumes from the record, never from a checkpoint); a run it reuses is not run again."""
+    import study.lr as sweep
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sweep.LR_GRID, "tiny", (1e-3,))
+    written, ran = [], []
+
+    def fake_run(out, pair, label, lr, seed, device):
+        run_dir = out / sweep.run_name(label, lr, seed)
+        run_dir.mkdir(parents=True)
+        (run_dir / "checkpoint.pt").write_bytes(b"weights")
+        (run_dir / "metrics.jsonl").write_text("{}\n")
+        ran.append(label)
+        return {"loss": label, "lr": lr, "seed": seed, "eval_rkl": 1.0, "diverged": False}
+
+    first = next(iter(sweep.STUDY_LOSSES))
+    reused = {(first, 1e-3, 0): {"loss": first, "lr": 1e-3, "seed": 0, "eval_rkl": 1.0, "diverged": False}}
+    monkeypatch.setattr(sweep, "lr_run", fake_run)
+    monkeypatch.setattr(sweep, "recorded_points", lambda pair: reused)
+    monkeypatch.setattr(sweep, "write", lambda name, result: written.append(len(result["points"])))
+    monkeypatch.setattr(sweep, "plot_lr", lambda result, path: None)
+    sweep.lr_sweep("tiny", seeds=1, device="cpu")
+    assert ran == list(sweep.STUDY_LOSSES)[1:], "the recorded run is reused, every other one runs"
+    assert written[-1] == len(sweep.STUDY_LOSSES)
+    folders = sorted((tmp_path / "runs" / "study" / "lr_tiny").iterdir())
+    assert len(folders) == len(ran) and all((d / "metrics.jsonl").exists() for d in folders)
+    assert not any((d / "checkpoint.pt").exists() for d in folders)
+
+
 def test_seed_noise_pools_the_within_rate_variance_of_each_quality_measure():
     """study.lr.seed_noise: per loss, sd² = Σ_rate Σ_seed (x − mean_rate)² / Σ_rate (n_rate − 1) for the final
     evaluation and for the mean of the last two; a rate with a diverged seed is left out."""

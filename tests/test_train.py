@@ -402,8 +402,8 @@ def test_opd_minimal_and_the_engine_add_the_same_weight_noise(random_model):
     give the same weights from the same generator state."""
     import copy
 
-    from opd_minimal import add_noise
     from engine import add_weight_noise
+    from opd_minimal import add_noise
 
     ours, engine = copy.deepcopy(random_model), copy.deepcopy(random_model)
     add_noise(ours, 0.3, torch.Generator().manual_seed(5))

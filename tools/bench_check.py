@@ -21,8 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli import EXPECTED, BadInput, Parser, fail
 from budget import read_budget
+from cli import EXPECTED, BadInput, Parser, fail
 from config import CHAT_PAIR, CHAT_PAIR_HELP
 from tools.machine import cpu_facts
 

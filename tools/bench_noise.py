@@ -22,8 +22,8 @@ import torch
 
 from cli import EXPECTED, Parser, fail, positive_int
 from config import CHAT_PAIR, CHAT_PAIR_HELP
-from models import load_pair
 from engine import add_weight_noise
+from models import load_pair
 from tools.machine import cpu_facts
 
 

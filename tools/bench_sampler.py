@@ -33,10 +33,10 @@ from torch.profiler import profile as torch_profile
 
 from cli import EXPECTED, BadInput, Parser, batch_int, fail, fraction, positive_int, temperature
 from config import CHAT_PAIR, CHAT_PAIR_HELP, PAIRS
+from cpu_decode import _small_batch_linear
 from models import format_prompt, load_pair
 from quant import KVScales, fp8_kv_cache
 from rollout import RolloutConfig, encode_prompts, generate
-from cpu_decode import _small_batch_linear
 from tools.machine import cpu_facts
 
 from transformers import GenerationConfig  # isort: skip

@@ -49,8 +49,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as token_models
 
 from cli import EXPECTED, BadInput, Parser, check_output_dir, fail, path_text
-from lab.atomic import append_text
-from lab.atomic import atomic_write_text
+from lab.atomic import append_text, atomic_write_text
 from lab.train_args import pair_config
 from models import device_label, n_params
 from quant import (
