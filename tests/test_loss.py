@@ -174,6 +174,27 @@ def test_every_sampled_estimator_is_unbiased_without_mismatch(estimator, cap):
     assert_close(grad, analytic, atol=1e-6, what=f"{estimator} cap {cap}: E[gradient] vs analytic")
 
 
+def test_without_mismatch_three_sampled_estimators_are_one_gradient_sample_by_sample():
+    """Engine = trainer (log π_engine = log π_train): the uncorrected, TIS-capped and tinker's estimators
+    give the same loss term and gradient for every sampled token, not only in expectation (w = 1, and the
+    sampler's log-prob is the trainer's), so their clean runs differ by rounding alone (`study lr`)."""
+    from loss import sampled_terms
+
+    torch.manual_seed(3)
+    logp_s_C, logp_t_C = -torch.rand(32) * 4, -torch.rand(32) * 4
+    out = []
+    for estimator, cap in [("sampled", 0.0), ("sampled", 2.0), ("sampler", float("inf"))]:
+        logp = logp_s_C.clone().requires_grad_()
+        terms = sampled_terms(logp, logp_t_C, logp_s_C, estimator=estimator, tis_cap=cap)
+        (grad,) = torch.autograd.grad(terms.sum(), logp)
+        out.append((terms.detach(), grad))
+    for terms, grad in out[1:]:
+        assert torch.equal(terms, out[0][0]) and torch.equal(grad, out[0][1])
+    # an engine log-prob 1e-3 off: the three part, so a clean run's rounding can separate their runs
+    terms = sampled_terms(logp_s_C, logp_t_C, logp_s_C + 1e-3, estimator="sampler", tis_cap=float("inf"))
+    assert not torch.equal(terms, out[0][0])
+
+
 def test_a_mismatched_engine_biases_each_estimator_as_its_formula_says():
     """A fixed engine π_e ≠ π_train: the expected gradients follow loss.py's formulas, and they differ.
     Full IS (sampled, cap inf) removes the per-token bias; tinker's sampler-IS keeps log π_e in the
