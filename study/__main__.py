@@ -1,10 +1,10 @@
 """The study's command line: `python -m study <experiment>` (see study/__init__.py for what each does).
 
-python -m study lr --pair tiny           # each loss's learning rate: 75 runs, ~75 min on a 2-core CPU
-python -m study validate --pair tiny     # ~11 min on a 2-core CPU
-python -m study rl                       # ~2 h on a 2-core CPU
-python -m study prefix                   # ~12 min
-python -m study async                    # smollm2, ~10 min
+python -m study lr --pair tiny           # each loss's learning rate: 90 runs, ~3.3 h on a 2-core CPU
+python -m study validate --pair tiny     # ~23 min on a 2-core CPU
+python -m study rl                       # ~1 h 45 min on a 2-core CPU
+python -m study prefix                   # ~7 min
+python -m study async                    # smollm2, ~8 min
 python -m study sources --pair tiny --weights fp8 --kv-cache fp8 --staleness 2
 python -m study sensitivity --pair smollm2 --probes 8 --max-new-tokens 24
 python -m study coverage --pair tiny --draws 200   # dump CI coverage, k3-only and top-k
