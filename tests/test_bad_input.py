@@ -830,8 +830,11 @@ def test_every_committed_budget_reads_with_what_each_reader_needs():
             b = read_budget(path, None, needs=needs)
             assert b["loss"] in ("analytic", "sampled", "sampler"), path
             # the centred one: budgets/<pair>/sampled-centered/budget.json, results/*sampled-centered*.json
-            named = path.parent.name if path in budgets else path.stem
-            assert b["center_advantages"] is ("sampled-centered" in named), path
+            if path in budgets:
+                centred = path.parent.name == "sampled-centered"
+            else:
+                centred = "sampled-centered" in path.stem
+            assert b["center_advantages"] is centred, path
 
 
 def test_a_budget_of_1e308_is_finite_and_one_of_2e308_is_not(tmp_path):
