@@ -131,6 +131,22 @@ def validated_losses(pair: str) -> list[str]:
     return ["analytic", *sorted(stem.removeprefix(f"validation_{pair}_") for stem in stems)]
 
 
+def validated_budget_line(result: dict, pair: str, loss: str) -> str:
+    """Nothing when a validation record checked the pair's committed budget of its loss; else one line
+    saying which budget it checked (a reference calibration's, when one holds that number) and that today's
+    budget is not validated, so a reader does not take the record's agreement for today's budget's."""
+    committed = next((b for _, b in pair_budgets(pair) if label_of(b) == loss), None)
+    if committed is not None and committed["budget"] == result["budget"]:
+        return ""
+    kept = [(p, b) for p, b in reference_budgets(pair) if b["budget"] == result["budget"]]
+    where = "".join(f" (`{p}`, lr {b['train_settings']['lr']:g})" for p, b in kept[:1])
+    today = "none" if committed is None else f"{budget_text(committed)} nats/token"
+    return (
+        f"**This validation checked another budget**, {result['budget']:.3g} nats/token{where}; the "
+        f"committed {pair} {loss} budget ({today}) is not validated yet.\n\n"
+    )
+
+
 def read_result(path: Path, command: str) -> dict:
     """A results/*.json the report reads, parsed; one line naming the file, and the command that writes it,
     when it does not parse (a run cut short, a hand edit) or holds no object."""
@@ -207,7 +223,7 @@ def result_sections() -> list[str]:
                 f"Validation of the admission check: {p}, {loss}",
                 f"python -m study validate --pair {p}"
                 + ("" if loss == "analytic" else f" --budget budgets/{p}/{loss}/budget.json"),
-                validation_table,
+                lambda r, p=p, loss=loss: validated_budget_line(r, p, loss) + validation_table(r),
             )
             for p in VALIDATION
             for loss in validated_losses(p)

@@ -498,3 +498,14 @@ def test_the_answer_gives_each_real_configuration_checks_verdict_and_trainings_o
     assert len(table) == 2 + len(rows) and all(s in table[0] for s in answer.REAL)
     missing = sum(s not in r["real"] for r in rows for s in answer.REAL)
     assert sum(line.count("not calibrated") for line in table) == missing
+
+
+def test_a_validation_of_another_budget_says_that_todays_budget_is_not_validated():
+    """The report's validation section of a record whose budget is not the committed one says which
+    budget it checked and that today's is not validated; a record of today's budget gets no such line."""
+    record = json.loads((ROOT / "results/validation_tiny.json").read_text())
+    assert study_report.validated_budget_line(record, "tiny", "analytic") == ""
+    other = {**record, "budget": record["budget"] * 2}
+    line = study_report.validated_budget_line(other, "tiny", "analytic")
+    assert "checked another budget" in line and "not validated yet" in line
+    assert f"{other['budget']:.3g}" in line
