@@ -143,7 +143,11 @@ def plot_losses(pair: str, budgets: list[tuple[Path, dict]], path: Path) -> None
         xs = [x if x > 1e-9 else floor for x in b["fit"]["mismatch"]]
         ys = [q / improvement for q in b["fit"]["quality_loss"]]
         ax.step(
-            xs, ys, where="post", color=color, label=f"{label} ({b['steps']} steps): budget {budget_text(b)}"
+            xs,
+            ys,
+            where="post",
+            color=color,
+            label=f"{label} ({b['steps']} steps, lr {b['train_settings']['lr']:g}): budget {budget_text(b)}",
         )
         ax.scatter(
             [p["mismatch"] if p["mismatch"] > 1e-9 else floor for p in b["points"]],
