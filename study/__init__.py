@@ -9,7 +9,9 @@ measurements summarised into results/ (a JSON file and a plot each). One module 
     sources          every mismatch source alone and combined, staleness included (study/sources.py)
     sensitivity      FP8 one decoder block at a time, and a greedy recipe (study/sensitivity.py)
     coverage         how often a dump's CI misses the exact KL, k3-only and top-k (study/coverage.py)
-    report           results/SUMMARY.md from all of the above (study/report.py)
+    report           results/SUMMARY.md from all of the above (study/report.py), with the answer
+                     (study/answer.py), the budgets per loss (study/losses.py) and the staleness axis
+                     per loss (study/staleness.py)
 
 Run them as `python -m study <experiment> ...`; finished runs are reused and killed ones resume
 (train.run_or_resume), so any command can be rerun. The training settings of every study run are

@@ -27,6 +27,7 @@ from study.losses import (
 from study.lr import lr_table
 from study.opd_vs_rl import rl_table
 from study.prefix import prefix_table
+from study.staleness import staleness_rows, staleness_table
 from study.time_to_quality import async_table
 from study.validate import VALIDATION, validation_table
 
@@ -131,6 +132,18 @@ def validated_losses(pair: str) -> list[str]:
     return ["analytic", *sorted(stem.removeprefix(f"validation_{pair}_") for stem in stems)]
 
 
+def staleness_section(pairs: list[str]) -> str:
+    """The staleness axis per loss (study.staleness): what stale weights cost each committed budget's loss."""
+    rows = [r for pair in pairs for r in staleness_rows(pair)]
+    return (
+        "## The staleness axis per loss\n\n"
+        "Each committed budget's loss trained with an engine K versions behind, pooled over the "
+        "calibration's stale runs and, for other seeds, that budget's validation (marked); quality loss "
+        "paired with the same-seed baseline, within when the mean is at most the budget's tolerance "
+        "(`study.staleness`).\n\n" + staleness_table(rows) + "\n"
+    )
+
+
 def validated_budget_line(result: dict, pair: str, loss: str) -> str:
     """Nothing when a validation record checked the pair's committed budget of its loss; else one line
     saying which budget it checked (a reference calibration's, when one holds that number) and that today's
@@ -204,6 +217,7 @@ def report() -> Path:
     parts.append(answer_section(answer_rows([pair for pair in PAIRS if budgets[pair][0]])))
     for pair in PAIRS:
         parts += budget_sections(pair, *budgets[pair])
+    parts.append(staleness_section([pair for pair in PAIRS if budgets[pair][0]]))
     out = RESULTS / "SUMMARY.md"
     atomic_write_text(out, "\n".join(parts + results))
     return out

@@ -509,3 +509,43 @@ def test_a_validation_of_another_budget_says_that_todays_budget_is_not_validated
     line = study_report.validated_budget_line(other, "tiny", "analytic")
     assert "checked another budget" in line and "not validated yet" in line
     assert f"{other['budget']:.3g}" in line
+
+
+def test_the_staleness_axis_pools_the_calibration_and_only_that_budgets_validation(tmp_path):
+    """study.staleness: the calibration's stale runs first, then other seeds from the validation of that
+    very budget, paired with the validation's same-seed baseline; a validation of another budget adds
+    nothing; the outcome is the mean against the budget's tolerance."""
+    from budget import read_budget
+    from study import staleness
+
+    b = read_budget(ROOT / "budgets/tiny/sampler-is/budget.json", "tiny")
+    b["points"] = [p for p in b["points"] if not (p["source"] == "staleness 1" and p["seed"] > 0)]
+    record = {
+        "budget": b["budget"],
+        "points": [
+            {"label": "staleness 1", "seed": 0, "delta_eval_rkl": 99.0},  # the calibration ran seed 0
+            {"label": "staleness 1", "seed": 7, "delta_eval_rkl": -0.5},
+        ],
+    }
+    calibrated = next(p["quality_loss"] for p in b["points"] if p["source"] == "staleness 1")
+    assert staleness.stale_losses(b, record, 1) == {0: (calibrated, "calibration"), 7: (-0.5, "validation")}
+    (tmp_path / "validation_tiny_sampler-is.json").write_text(json.dumps({**record, "budget": 1.0}))
+    assert staleness.validation_of("tiny", b, tmp_path) is None
+    (tmp_path / "validation_tiny_sampler-is.json").write_text(json.dumps(record))
+    assert staleness.validation_of("tiny", b, tmp_path) == record
+
+
+def test_on_tiny_every_sampled_token_loss_loses_to_every_staleness_and_the_analytic_loss_to_none():
+    """RESULTS' staleness finding, from the committed runs: staleness 1, 2 and 4 for each of tiny's five
+    losses at its own rate, with at least 3 seeds each; the analytic loss within at each, every sampled-token
+    loss beyond at each."""
+    from study import staleness
+
+    rows = staleness.staleness_rows("tiny")
+    assert {(r["loss"], r["staleness"]) for r in rows} == {
+        (loss, k)
+        for loss in ("analytic", "sampled", "sampled-centered", "sampled-tis2", "sampler-is")
+        for k in (1, 2, 4)
+    }
+    assert all(len(r["seeds"]) >= 3 for r in rows), [(r["loss"], r["staleness"], r["seeds"]) for r in rows]
+    assert all(r["outcome"] == ("within" if r["loss"] == "analytic" else "beyond") for r in rows)
