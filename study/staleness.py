@@ -13,6 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
+from cli import BadInput
 from study.common import RESULTS
 from study.losses import BUDGETS, label_of, pair_budgets
 
@@ -26,7 +27,16 @@ def validation_of(pair: str, b: dict, root: Path = RESULTS) -> dict | None:
     path = root / f"validation_{pair}{'' if name == 'analytic' else '_' + name}.json"
     if not path.is_file():
         return None
-    record = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # also UnicodeDecodeError
+        raise BadInput(
+            f"{path}: not a readable validation record ({type(e).__name__}); rerun its validate"
+        ) from None
+    if not isinstance(record, dict) or not isinstance(record.get("points"), list):
+        raise BadInput(
+            f"{path}: not a validation record (expected an object with points); rerun its validate"
+        )
     return record if record.get("budget") == b["budget"] else None
 
 

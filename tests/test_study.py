@@ -513,8 +513,8 @@ def test_a_validation_of_another_budget_says_that_todays_budget_is_not_validated
 
 def test_the_staleness_axis_pools_the_calibration_and_only_that_budgets_validation(tmp_path):
     """study.staleness: the calibration's stale runs first, then other seeds from the validation of that
-    very budget, paired with the validation's same-seed baseline; a validation of another budget adds
-    nothing; the outcome is the mean against the budget's tolerance."""
+    very budget (its paired delta_eval_rkl); a validation of another budget adds nothing, and a record that
+    does not parse is one line naming it."""
     from budget import read_budget
     from study import staleness
 
@@ -533,12 +533,15 @@ def test_the_staleness_axis_pools_the_calibration_and_only_that_budgets_validati
     assert staleness.validation_of("tiny", b, tmp_path) is None
     (tmp_path / "validation_tiny_sampler-is.json").write_text(json.dumps(record))
     assert staleness.validation_of("tiny", b, tmp_path) == record
+    (tmp_path / "validation_tiny_sampler-is.json").write_text('{"points": [')
+    with pytest.raises(BadInput, match="validation_tiny_sampler-is.json: not a readable validation record"):
+        staleness.validation_of("tiny", b, tmp_path)
 
 
 def test_on_tiny_every_sampled_token_loss_loses_to_every_staleness_and_the_analytic_loss_to_none():
     """RESULTS' staleness finding, from the committed runs: staleness 1, 2 and 4 for each of tiny's five
     losses at its own rate, with at least 3 seeds each; the analytic loss within at each, every sampled-token
-    loss beyond at each."""
+    loss beyond at each, on every seed."""
     from study import staleness
 
     rows = staleness.staleness_rows("tiny")
@@ -549,3 +552,4 @@ def test_on_tiny_every_sampled_token_loss_loses_to_every_staleness_and_the_analy
     }
     assert all(len(r["seeds"]) >= 3 for r in rows), [(r["loss"], r["staleness"], r["seeds"]) for r in rows]
     assert all(r["outcome"] == ("within" if r["loss"] == "analytic" else "beyond") for r in rows)
+    assert all(min(r["losses"]) > r["tolerance_nats"] for r in rows if r["loss"] != "analytic")
