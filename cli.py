@@ -354,7 +354,8 @@ class StopSignals:
     """Within `with StopSignals() as stop:`, SIGINT and SIGTERM set `stop.signum` instead of killing the
     program, which stops at its next safe point (`stop.check(...)`). A second signal stops it at once (every
     write is atomic, so that is safe too). Only the main thread can own signal handlers; elsewhere this does
-    nothing. On leaving, the handlers before it (exit_on_signals's, in an entry script) are back."""
+    nothing. On leaving, the handlers before it (exit_on_signals's, in an entry script) are back, and a
+    signal that arrived after the last check is raised again for them: it is never lost."""
 
     SIGNALS = SIGNALS
 
@@ -376,7 +377,10 @@ class StopSignals:
         if self.signum is not None:
             raise Interrupted(message, self.signum)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.previous and self.signum is not None and exc_type is None:
+            # it came after the last safe point (a run's final plot, say): the caller stops on it instead
+            signal.raise_signal(self.signum)
         return False

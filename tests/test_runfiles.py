@@ -122,3 +122,28 @@ def test_a_failed_write_raises_write_failed_naming_the_file(tmp_path):
     with pytest.raises(WriteFailed, match="could not write .*missing/config.json"):
         atomic_write_text(folder / "config.json", "x")
     assert not folder.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_after_the_last_safe_point_is_raised_again_for_the_handler_before():
+    """StopSignals: a signal that arrives inside the block but after its last check is not lost: on leaving,
+    the handler that was there before gets it (between a calibration's runs, the entry script's, which
+    stops the command); one acted on inside the block (an exception leaving it) is not raised twice."""
+    import os
+    import signal
+
+    from cli import Interrupted, StopSignals
+
+    seen = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.signum == signal.SIGINT and seen == []  # held for the next safe point
+        assert seen == [signal.SIGINT]  # none came: the handler before gets it on leaving
+        with pytest.raises(Interrupted):
+            with StopSignals() as stop:
+                os.kill(os.getpid(), signal.SIGINT)
+                stop.check("stopped at its safe point")
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, before)
