@@ -29,7 +29,7 @@ from study.opd_vs_rl import rl_table
 from study.prefix import prefix_table
 from study.staleness import staleness_rows, staleness_table
 from study.time_to_quality import async_table
-from study.validate import VALIDATION, validation_table
+from study.validate import VALIDATION, validation_name, validation_table
 
 # ---------------------------------------------------------------------------------------------------
 # report
@@ -233,7 +233,7 @@ def result_sections() -> list[str]:
     sections = [
         *[
             (
-                f"validation_{p}{'' if loss == 'analytic' else '_' + loss}",
+                validation_name(p, loss),
                 f"Validation of the admission check: {p}, {loss}",
                 f"python -m study validate --pair {p}"
                 + ("" if loss == "analytic" else f" --budget budgets/{p}/{loss}/budget.json"),

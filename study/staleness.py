@@ -16,6 +16,7 @@ from pathlib import Path
 from cli import BadInput
 from study.common import RESULTS
 from study.losses import BUDGETS, label_of, pair_budgets
+from study.validate import validation_name
 
 STALENESS = (1, 2, 4)  # the versions behind the study trains
 
@@ -23,8 +24,7 @@ STALENESS = (1, 2, 4)  # the versions behind the study trains
 def validation_of(pair: str, b: dict, root: Path = RESULTS) -> dict | None:
     """The validation record of budget b (results/validation_<pair>[_<loss>].json), if it validated this
     very budget (the same number); None otherwise."""
-    name = label_of(b)
-    path = root / f"validation_{pair}{'' if name == 'analytic' else '_' + name}.json"
+    path = root / f"{validation_name(pair, label_of(b))}.json"
     if not path.is_file():
         return None
     try:

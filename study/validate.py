@@ -194,6 +194,11 @@ def reused_validation(path: Path, pair_name: str, budget: dict, label: str) -> t
     return by_run, trained_on(record)
 
 
+def validation_name(pair: str, label: str) -> str:
+    """The name of the validation record of pair's budget for loss `label` (results/<name>.json)."""
+    return f"validation_{pair}{'' if label == 'analytic' else '_' + label}"
+
+
 def validation_budget(pair_name: str, budget_path: Path) -> tuple[dict, dict]:
     """The budget a validation checks against, and the loss (loss, tis_cap, center_advantages) it trains
     with: the budget's."""
@@ -259,7 +264,7 @@ def validate(
         "agreement": sum(r["agree"] for r in decided) / len(decided) if decided else None,
         **({"reused": {"from": str(reuse), "points": reused, "trained_on": trained_where}} if reuse else {}),
     }
-    write(f"validation_{pair_name}{suffix}", result)
+    write(validation_name(pair_name, name), result)
     return result
 
 
