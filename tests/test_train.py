@@ -411,3 +411,43 @@ def test_opd_minimal_and_the_engine_add_the_same_weight_noise(random_model):
     for (name, a), b in zip(ours.named_parameters(), engine.parameters()):
         assert_close(a, b, atol=1e-6, what=name)
     assert not torch.equal(next(ours.parameters()), next(random_model.parameters()))
+
+
+@pytest.mark.slow
+def test_the_config_enters_at_most_eight_modules(tmp_path):
+    """The modules whose functions receive the run's TrainConfig or a RolloutConfig (the whole object, a
+    copy of it, or its rollout part) during a two-step run: the path of `cfg` through the calls."""
+    import train
+    from lab.train_args import TrainConfig, pair_config
+    from rollout import RolloutConfig
+
+    cfg = pair_config(
+        "tiny",
+        steps=2,
+        batch_size=4,
+        samples_per_prompt=2,
+        eval_prompts=8,
+        eval_every=2,
+        out_dir=str(tmp_path),
+        name="walk",
+    )
+    entered = set()
+
+    def profile(frame, event, _arg):
+        path = frame.f_code.co_filename
+        if event != "call" or not path.startswith(str(ROOT)):
+            return
+        args = frame.f_code.co_varnames[: frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount]
+        if any(isinstance(frame.f_locals.get(a), (TrainConfig, RolloutConfig)) for a in args):
+            entered.add(Path(path).relative_to(ROOT).as_posix())
+
+    sys.setprofile(profile)
+    try:
+        train.run(cfg, quiet=True)
+    finally:
+        sys.setprofile(None)
+    assert "train.py" in entered and "batches.py" in entered  # the probe sees the calls it counts
+    # DESIGN.md names these: the modules that run a step, and the two harness modules that watch and name it
+    step = {"train.py", "batches.py", "engine.py", "rollout.py", "evaluate.py"}
+    assert entered <= step | {"lab/watch.py", "lab/runfiles.py"}, sorted(entered)
+    assert len(entered) <= 8
