@@ -4,6 +4,7 @@ python -m study report
 """
 
 import json
+import re
 from pathlib import Path
 
 from cli import BadInput
@@ -23,6 +24,7 @@ from study.losses import (
     pair_budgets,
     plot_losses,
     reference_budgets,
+    superseded_budgets,
 )
 from study.lr import lr_table
 from study.opd_vs_rl import rl_table
@@ -127,9 +129,11 @@ def coverage_block(d: dict) -> str:
 
 def validated_losses(pair: str) -> list[str]:
     """The losses whose budgets of `pair` were validated (results/validation_<pair>[_<loss>].json), analytic
-    first; analytic also when it was not, so its section says how to run it."""
-    stems = [p.stem for p in RESULTS.glob(f"validation_{pair}_*.json")]
-    return ["analytic", *sorted(stem.removeprefix(f"validation_{pair}_") for stem in stems)]
+    first; analytic also when it was not, so its section says how to run it. A record kept from a budget
+    that a calibration at another rate replaced (validation_<pair>[_<loss>]_lr<rate>.json) is not a loss:
+    RESULTS.md reads it."""
+    stems = [p.stem.removeprefix(f"validation_{pair}_") for p in RESULTS.glob(f"validation_{pair}_*.json")]
+    return ["analytic", *sorted(s for s in stems if not re.search(r"(^|_)lr\d", s))]
 
 
 def staleness_section(pairs: list[str]) -> str:
@@ -151,7 +155,11 @@ def validated_budget_line(result: dict, pair: str, loss: str) -> str:
     committed = next((b for _, b in pair_budgets(pair) if label_of(b) == loss), None)
     if committed is not None and committed["budget"] == result["budget"]:
         return ""
-    kept = [(p, b) for p, b in reference_budgets(pair) if b["budget"] == result["budget"]]
+    kept = [
+        (p, b)
+        for p, b in reference_budgets(pair) + superseded_budgets(pair)
+        if b["budget"] == result["budget"] and label_of(b) == loss
+    ]
     where = "".join(f" (`{p}`, lr {b['train_settings']['lr']:g})" for p, b in kept[:1])
     today = "none" if committed is None else f"{budget_text(committed)} nats/token"
     return (
