@@ -50,13 +50,6 @@ def reference_budgets(pair: str, root: Path = RESULTS) -> list[tuple[Path, dict]
     return [(p, read_budget(p, pair, needs=STUDY_NEEDS, flag="")) for p in paths]
 
 
-def superseded_budgets(pair: str, root: Path = RESULTS) -> list[tuple[Path, dict]]:
-    """Sampled-token budgets that a calibration at the loss's own recipe replaced, kept whole
-    (root/budget_<pair>_<loss>_lr<rate>.json) as the budget their validation records checked."""
-    paths = sorted(root.glob(f"budget_{pair}_*.json"))
-    return [(p, read_budget(p, pair, needs=STUDY_NEEDS, flag="")) for p in paths]
-
-
 def label_of(b: dict) -> str:
     """A budget's loss in one word (budget.loss_label), centred advantages included."""
     return loss_label(b["loss"], b["tis_cap"], center=b.get("center_advantages", False))
