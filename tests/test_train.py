@@ -417,6 +417,8 @@ def test_opd_minimal_and_the_engine_add_the_same_weight_noise(random_model):
 def test_the_config_enters_at_most_eight_modules(tmp_path):
     """The modules whose functions receive the run's TrainConfig or a RolloutConfig (the whole object, a
     copy of it, or its rollout part) during a two-step run: the path of `cfg` through the calls."""
+    import threading
+
     import train
     from lab.train_args import TrainConfig, pair_config
     from rollout import RolloutConfig
@@ -442,10 +444,12 @@ def test_the_config_enters_at_most_eight_modules(tmp_path):
             entered.add(Path(path).relative_to(ROOT).as_posix())
 
     sys.setprofile(profile)
+    threading.setprofile(profile)  # the rollout prefetch thread too
     try:
         train.run(cfg, quiet=True)
     finally:
         sys.setprofile(None)
+        threading.setprofile(None)
     assert "train.py" in entered and "batches.py" in entered  # the probe sees the calls it counts
     # DESIGN.md names these: the modules that run a step, and the two harness modules that watch and name it
     step = {"train.py", "batches.py", "engine.py", "rollout.py", "evaluate.py"}
