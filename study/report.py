@@ -4,7 +4,6 @@ python -m study report
 """
 
 import json
-import re
 from pathlib import Path
 
 from cli import BadInput
@@ -126,13 +125,11 @@ def coverage_block(d: dict) -> str:
     return f"```\n{coverage_table(d['results'])}\n```"
 
 
-def validated_losses(pair: str) -> list[str]:
-    """The losses whose budgets of `pair` were validated (results/validation_<pair>[_<loss>].json), analytic
-    first; analytic also when it was not, so its section says how to run it. A record kept from a budget
-    that a calibration at another rate replaced (validation_<pair>[_<loss>]_lr<rate>.json) is not a loss:
-    RESULTS.md reads it."""
-    stems = [p.stem.removeprefix(f"validation_{pair}_") for p in RESULTS.glob(f"validation_{pair}_*.json")]
-    return ["analytic", *sorted(s for s in stems if not re.search(r"(^|_)lr\d", s))]
+def budget_losses(pair: str) -> list[str]:
+    """The losses of `pair`'s committed budgets, analytic first (also without a budget): one validation
+    section each, reading results/<validation_name>.json or saying how to run it. Other records, such as
+    one kept from a budget that a calibration at another rate replaced, are RESULTS.md's to read."""
+    return ["analytic", *sorted({label_of(b) for _, b in pair_budgets(pair)} - {"analytic"})]
 
 
 def staleness_section(pairs: list[str]) -> str:
@@ -243,7 +240,7 @@ def result_sections() -> list[str]:
                 lambda r, p=p, loss=loss: validated_budget_line(r, p, loss) + validation_table(r),
             )
             for p in VALIDATION
-            for loss in validated_losses(p)
+            for loss in budget_losses(p)
         ],
         *[
             (f"lr_{p}", f"Each loss's learning rate: {p}", f"python -m study lr --pair {p}", lr_table)

@@ -511,8 +511,8 @@ def test_a_validation_of_another_budget_says_that_todays_budget_is_not_validated
     assert f"{other['budget']:.3g}" in line
     # a record kept from the budget at another rate is not read as a loss of its own
     assert (ROOT / "results/validation_smollm2_lr5e-05.json").is_file()
-    assert study_report.validated_losses("smollm2")[0] == "analytic"
-    assert not any("lr" in loss for loss in study_report.validated_losses("smollm2"))
+    assert study_report.budget_losses("smollm2")[0] == "analytic"
+    assert not any("lr" in loss for loss in study_report.budget_losses("smollm2"))
 
 
 def test_the_staleness_axis_pools_the_calibration_and_only_that_budgets_validation(tmp_path):
