@@ -12,6 +12,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# Under pytest-xdist each worker gets its share of the cores, and so do the subprocesses and notebook kernels
+# it starts (they inherit OMP_NUM_THREADS): more compute threads than cores make every one of them wait.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, len(os.sched_getaffinity(0)) // _WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+    torch.set_num_threads(_THREADS)
+
 from models import load_pair, tiny_config, tiny_tokenizer  # noqa: E402
 
 

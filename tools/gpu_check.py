@@ -428,7 +428,9 @@ def tiny_race(sizes: Sizes, device) -> dict:
 def gpu_tests(out: Path, timeout: int) -> dict:
     """`pytest -m gpu tests/test_gpu.py` in a subprocess; its log and JUnit XML go next to the JSON."""
     xml = out / "pytest_gpu.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", f"--junitxml={xml}"]
+    # One process, whatever pytest.ini asks: the device machine need not have pytest-xdist.
+    plain = [sys.executable, "-m", "pytest", "-o", "addopts=-p no:cacheprovider"]
+    cmd = [*plain, "-q", "-m", "gpu", "tests/test_gpu.py", f"--junitxml={xml}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     atomic_write_text(out / "pytest_gpu.log", proc.stdout + proc.stderr)
     suite = ET.parse(xml).getroot()
