@@ -151,7 +151,9 @@ def validated_budget_line(result: dict, pair: str, loss: str) -> str:
     committed = next((b for _, b in pair_budgets(pair) if label_of(b) == loss), None)
     if committed is not None and committed["budget"] == result["budget"]:
         return ""
-    kept = [(p, b) for p, b in reference_budgets(pair) if b["budget"] == result["budget"]]
+    kept = [
+        (p, b) for p, b in reference_budgets(pair) if b["budget"] == result["budget"] and label_of(b) == loss
+    ]
     where = "".join(f" (`{p}`, lr {b['train_settings']['lr']:g})" for p, b in kept[:1])
     today = "none" if committed is None else f"{budget_text(committed)} nats/token"
     return (
