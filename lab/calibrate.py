@@ -314,6 +314,14 @@ def short_run(
     return run_point(run_or_resume(cfg))
 
 
+def drop_checkpoint(run_dir: Path) -> None:
+    """Deletes a finished experiment run's checkpoint.pt. A finished run is reused from its config.json and
+    metrics.jsonl alone (runfiles.reusable_run), and its probe is measured on the untrained student, so
+    nothing reads the checkpoint again; smollm2's are 0.9 GB each, and a calibration's 20 to 40 of them
+    would fill a laptop's disk."""
+    (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+
+
 def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device, settings: dict) -> dict:
     """A rollout configuration's canonical mismatch as check measures it: engine samples of the first n
     held-out prompts, against the pair's untrained student (a stale engine: the student `staleness` real
@@ -577,6 +585,8 @@ def calibration_points(
             device=device,
             settings=train_settings(pair, **loss),
         )
+        if label != "baseline":  # the baseline's stays: eval_noise evaluates its final student
+            drop_checkpoint(out / "runs" / name)
         points.append(
             {
                 "source": label,

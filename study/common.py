@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from lab.atomic import atomic_write_text
-from lab.calibrate import short_run
+from lab.calibrate import drop_checkpoint, short_run
 from lab.runfiles import atomic_savefig
 
 RESULTS = Path("results")
@@ -32,7 +32,8 @@ def sweep(
 ) -> list[dict]:
     """Run (or reuse) every (label, TrainConfig overrides, RolloutConfig overrides) × seed; one point each.
     A (label, seed) in `recorded` (a committed result's points, same settings) is taken from it, marked
-    "reused", instead of trained again."""
+    "reused", instead of trained again. A finished run keeps its record, not its checkpoint
+    (lab.calibrate.drop_checkpoint): a resumed sweep reuses it from the record."""
     jobs = [
         (label, train_over, roll_over, seed) for label, train_over, roll_over in plan for seed in range(seeds)
     ]
@@ -41,15 +42,11 @@ def sweep(
         if old := (recorded or {}).get((label, seed)):
             points.append({**old, "reused": True})
             continue
+        name = f"{slug(label)}-seed{seed}"
         run = short_run(
-            out,
-            pair,
-            f"{slug(label)}-seed{seed}",
-            seed=seed,
-            device=device,
-            rollout_over=roll_over,
-            **{**common, **train_over},
+            out, pair, name, seed=seed, device=device, rollout_over=roll_over, **{**common, **train_over}
         )
+        drop_checkpoint(out / name)
         points.append({"label": label, "seed": seed, **train_over, **roll_over, **run})
     return points
 

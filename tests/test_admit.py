@@ -76,8 +76,12 @@ def test_calibrate_resumes_finished_runs(calibrated):
     probed = probe.stat().st_mtime_ns
     noise = calibrated / "runs" / "baseline-seed0" / "eval_noise.json"
     noised = noise.stat().st_mtime_ns
+    kept = sorted(c.parent.name for c in (calibrated / "runs").glob("*/checkpoint.pt"))
+    assert kept == ["baseline-seed0"], (
+        f"a finished point's checkpoint is dropped, the baseline's kept: {kept}"
+    )
     for checkpoint in (calibrated / "runs").glob("*/checkpoint.pt"):
-        checkpoint.unlink()  # as the README suggests, to reclaim space: finished runs need only their metrics
+        checkpoint.unlink()  # to reclaim space: finished runs need only their metrics
     result = calibrate_cli(
         "--pair",
         "tiny",

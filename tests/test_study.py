@@ -422,6 +422,29 @@ def test_lr_sweep_deletes_a_runs_checkpoint_once_its_point_is_recorded(tmp_path,
     assert not any((d / "checkpoint.pt").exists() for d in folders)
 
 
+def test_a_study_sweep_keeps_each_runs_record_and_drops_its_checkpoint(tmp_path, monkeypatch):
+    """study.common.sweep: every finished run keeps config.json and metrics.jsonl (what a resumed sweep
+    reuses) and loses its checkpoint.pt; a recorded point is not run at all."""
+    ran = []
+
+    def fake_short_run(out, pair, name, seed, device, rollout_over, **train_over):
+        run_dir = out / name
+        run_dir.mkdir(parents=True)
+        for f in ("config.json", "metrics.jsonl", "checkpoint.pt"):
+            (run_dir / f).write_text("{}\n")
+        ran.append(name)
+        return {"eval_rkl": 1.0}
+
+    monkeypatch.setattr(common, "short_run", fake_short_run)
+    plan = [("clean", {}, {}), ("noise 0.1", {}, {"noise": 0.1})]
+    recorded = {("clean", 1): {"label": "clean", "seed": 1, "eval_rkl": 2.0}}
+    points = common.sweep(tmp_path, "tiny", plan, seeds=2, device="cpu", desc="t", recorded=recorded)
+    assert ran == ["clean-seed0", "noise_0.1-seed0", "noise_0.1-seed1"]
+    assert [p.get("reused", False) for p in points] == [False, True, False, False]
+    for name in ran:
+        assert sorted(f.name for f in (tmp_path / name).iterdir()) == ["config.json", "metrics.jsonl"]
+
+
 def test_seed_noise_pools_the_within_rate_variance_of_each_quality_measure():
     """study.lr.seed_noise: per loss, sd² = Σ_rate Σ_seed (x − mean_rate)² / Σ_rate (n_rate − 1) for the final
     evaluation and for the mean of the last two; a rate with a diverged seed is left out."""
