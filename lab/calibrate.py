@@ -115,8 +115,8 @@ def fit_budget(mismatch: list[float], loss: list[float], tolerance: float) -> di
     """The largest mismatch whose fitted (monotone) quality loss stays within `tolerance`.
 
     Returns the budget, the sorted points with their fit, and how the budget was found: "crossing"
-    (interpolated where the fit crosses the tolerance), "all-within" (no point exceeds it: the budget is
-    at least the largest mismatch tried) or "none-within" (even the smallest mismatch exceeds it).
+    (interpolated where the fit crosses the tolerance), "all-within" (the fit stays within it: the budget
+    is at least the largest mismatch tried) or "none-within" (even the smallest mismatch exceeds it).
     """
     # Ties in mismatch go largest loss first, so the fit pools them into one value whatever their input
     # order (a bootstrap draw can take two seeds of a configuration whose probes measured the same).

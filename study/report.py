@@ -90,8 +90,8 @@ def trained_on(b: dict) -> str:
 
 def budget_section(path: Path, b: dict) -> str:
     """One budget's paragraph: its command, value, tolerance, runs, interval and noise."""
-    lower = b["how"] == "all-within"  # no run lost more than the tolerance: the budget is a lower bound
-    how = "a lower bound: no run lost more than the tolerance" if lower else b["how"]
+    lower = b["how"] == "all-within"  # the fit stays within the tolerance: the budget is a lower bound
+    how = "a lower bound: the fitted quality loss stays within the tolerance" if lower else b["how"]
     return (
         f"### {label_of(b)}\n\n"
         f"`{b.get('command') or 'python -m lab.calibrate --pair ' + b['pair']}`: "
