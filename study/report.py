@@ -133,14 +133,16 @@ def budget_losses(pair: str) -> list[str]:
 
 
 def staleness_section(pairs: list[str]) -> str:
-    """The staleness axis per loss (study.staleness): what stale weights cost each committed budget's loss."""
+    """The staleness axis per loss (study.staleness): what stale weights cost each committed budget's loss, and
+    each refused calibration's."""
     rows = [r for pair in pairs for r in staleness_rows(pair)]
     return (
         "## The staleness axis per loss\n\n"
         "Each committed budget's loss trained with an engine K versions behind, pooled over the "
-        "calibration's stale runs and, for other seeds, that budget's validation (marked); quality loss "
-        "paired with the same-seed baseline, within when the mean is at most the budget's tolerance "
-        "(`study.staleness`).\n\n" + staleness_table(rows) + "\n"
+        "calibration's stale runs and, for other seeds, that budget's validation (marked); then the stale "
+        "runs of calibrations the noise gate refused at a recipe no budget holds (marked refused: "
+        "`results/refused_<pair>_*.json`). Quality loss paired with the same-seed baseline, within when the "
+        "mean is at most the record's tolerance (`study.staleness`).\n\n" + staleness_table(rows) + "\n"
     )
 
 

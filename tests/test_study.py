@@ -571,7 +571,7 @@ def test_on_tiny_every_sampled_token_loss_loses_to_every_staleness_and_the_analy
     loss beyond at each, on every seed."""
     from study import staleness
 
-    rows = staleness.staleness_rows("tiny")
+    rows = [r for r in staleness.staleness_rows("tiny") if r["record"] == "budget"]
     assert {(r["loss"], r["staleness"]) for r in rows} == {
         (loss, k)
         for loss in ("analytic", "sampled", "sampled-centered", "sampled-tis2", "sampler-is")
@@ -580,3 +580,39 @@ def test_on_tiny_every_sampled_token_loss_loses_to_every_staleness_and_the_analy
     assert all(len(r["seeds"]) >= 3 for r in rows), [(r["loss"], r["staleness"], r["seeds"]) for r in rows]
     assert all(r["outcome"] == ("within" if r["loss"] == "analytic" else "beyond") for r in rows)
     assert all(min(r["losses"]) > r["tolerance_nats"] for r in rows if r["loss"] != "analytic")
+
+
+def test_on_smollm2_at_its_own_rate_staleness_fits_the_uncorrected_estimator_and_not_tis():
+    """RESULTS' smollm2 staleness finding, from the committed runs at 2e-4, 12 steps, 2 seeds: the analytic
+    and the uncorrected losses within at staleness 1 and 2 (budgets); TIS (cap 2) and tinker's estimator
+    beyond at both (calibrations the gate refused, rows marked so); the centred estimator within at 2."""
+    from study import staleness
+
+    rows = {(r["loss"], r["staleness"]): r for r in staleness.staleness_rows("smollm2") if r["lr"] == 2e-4}
+    outcome = {key: (r["outcome"], r["record"]) for key, r in rows.items() if key[1] in (1, 2)}
+    assert outcome == {
+        ("analytic", 1): ("within", "budget"),
+        ("analytic", 2): ("within", "budget"),
+        ("sampled", 1): ("within", "budget"),
+        ("sampled", 2): ("within", "budget"),
+        ("sampled-tis2", 1): ("beyond", "refused"),
+        ("sampled-tis2", 2): ("beyond", "refused"),
+        ("sampler-is", 1): ("beyond", "refused"),
+        ("sampler-is", 2): ("beyond", "refused"),
+        ("sampled-centered", 2): ("within", "refused"),
+    }
+    assert all(len(r["seeds"]) == 2 for r in rows.values())
+
+
+def test_a_refused_calibration_gives_staleness_rows_only_where_no_budget_holds_its_recipe(tmp_path):
+    """study.staleness.refused_records: a refused record of a loss and settings that a committed budget
+    shares (a later calibration with more seeds) is left out; one at another recipe is kept."""
+    from budget import read_budget
+    from study import staleness
+
+    b = read_budget(ROOT / "budgets/tiny/sampler-is/budget.json", "tiny")
+    (tmp_path / "refused_tiny_sampler-is_same.json").write_text(json.dumps(b))
+    other = {**b, "train_settings": {**b["train_settings"], "lr": 3e-3}}
+    (tmp_path / "refused_tiny_sampler-is_other.json").write_text(json.dumps(other))
+    kept = staleness.refused_records("tiny", [b], tmp_path)
+    assert [r["train_settings"]["lr"] for r in kept] == [3e-3]
