@@ -736,11 +736,14 @@ def refuse_noise(budget: dict, out: Path) -> None:
         (out / "refused.json").unlink(missing_ok=True)
     else:
         atomic_write_text(out / "refused.json", json.dumps(budget, indent=2) + "\n")
+        n = seeds_for_power(noise["paired_loss_sd"], tol)
         raise BadInput(
             f"the tolerance, {tol:.4f} nats, is {noise['tolerance_over_se']:.2f} standard errors of the "
             f"paired quality loss (SE {noise['paired_loss_se']:.4f} over seeds; at least 2 needed): at these "
-            f"settings the quality axis is noise; use more --seeds or change the study's settings; no budget "
-            f"written (its points: {out / 'refused.json'}; the runs stay in {out / 'runs'})"
+            f"settings the quality axis is noise; the power rule asks for about {n} seeds a configuration "
+            f"(--seeds {n}, or --max-seeds {n} to add them as the spread asks; the runs so far are reused), "
+            f"or change the study's settings; no budget written (its points: {out / 'refused.json'}; the runs "
+            f"stay in {out / 'runs'})"
         )
 
 

@@ -154,9 +154,17 @@ def test_budget_ci_brackets_the_budget_and_collapses_without_seed_spread():
 def test_a_tolerance_under_two_standard_errors_writes_no_budget(tmp_path):
     """Seed noise larger than half the tolerance: refused with one line naming both, the would-be budget kept
     in refused.json; enough seeds, or one seed (no spread to judge by), pass."""
-    noisy = {"tolerance_at_least_2se": False, "tolerance_over_se": 0.3, "paired_loss_se": 0.29}
+    noisy = {
+        "tolerance_at_least_2se": False,
+        "tolerance_over_se": 0.3,
+        "paired_loss_se": 0.29,
+        "paired_loss_sd": 0.41,
+    }
     budget = {"noise": noisy, "tolerance": {"nats": 0.087}}
-    with pytest.raises(BadInput, match=r"0\.0870 nats, is 0\.30 standard errors .* no budget written"):
+    # the power rule's seeds: ceil((3 · 0.41 / 0.087)²) = ceil(199.9) = 200
+    with pytest.raises(
+        BadInput, match=r"0\.0870 nats, is 0\.30 standard errors .* about 200 seeds .* no budget written"
+    ):
         refuse_noise(budget, tmp_path)
     assert json.loads((tmp_path / "refused.json").read_text()) == budget
     for passed, over_se in ((True, 4.7), (None, None)):
