@@ -116,14 +116,14 @@ def reconcile_metrics(path: Path, upto: int, saved: list[dict] | None) -> list[d
     return records
 
 
-def refuse_finished(run_dir: Path, steps: int) -> None:
+def refuse_finished(run_dir: Path, steps: int, remedy: str = "choose another --name") -> None:
     """A run whose metrics reach its `steps` finished; without its checkpoint it cannot be continued, and
-    starting it again would overwrite it: refused."""
+    starting it again would overwrite it: refused, with `remedy`."""
     records = read_metrics(run_dir / "metrics.jsonl", upto=steps)
     if records and records[-1]["step"] == steps:
         raise BadInput(
             f"--resume: {run_dir} finished its {steps} steps and has no checkpoint to continue "
-            "from; it is kept as it is (choose another --name)"
+            f"from; it is kept as it is ({remedy})"
         )
 
 

@@ -455,3 +455,34 @@ def test_the_config_enters_at_most_eight_modules(tmp_path):
     step = {"train.py", "batches.py", "engine.py", "rollout.py", "evaluate.py"}
     assert entered <= step | {"lab/watch.py", "lab/runfiles.py"}, sorted(entered)
     assert len(entered) <= 8
+
+
+@pytest.mark.slow
+def test_an_experiments_finished_run_without_its_checkpoint_is_reused_or_refused_in_one_line(tmp_path):
+    """train.run_or_resume, as calibrations and study sweeps call it: a finished run whose checkpoint was
+    dropped is reused at its own settings; asked for more steps it cannot be continued, and the line says so
+    and how to train it again (its files are kept)."""
+    from cli import BadInput
+    from lab.train_args import pair_config
+    from train import run_or_resume
+
+    def cfg(steps):
+        return pair_config(
+            "tiny",
+            steps=steps,
+            batch_size=4,
+            samples_per_prompt=2,
+            eval_every=0,
+            eval_prompts=8,
+            name="exp",
+            out_dir=str(tmp_path),
+        )
+
+    first = run_or_resume(cfg(1))
+    run_dir = tmp_path / "exp"
+    (run_dir / "checkpoint.pt").unlink()
+    assert run_or_resume(cfg(1)) == first, "reused from its record"
+    before = (run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(BadInput, match=r"finished its 1 steps .* delete the folder to train it again"):
+        run_or_resume(cfg(2))
+    assert (run_dir / "metrics.jsonl").read_text() == before
