@@ -109,9 +109,9 @@ def match_loss(budget: dict, loss: str | None, tis_cap: float | None) -> str:
 def budget_band(budget: dict) -> tuple[float, float]:
     """The budget's own 95% interval [B_lo, B_hi] over the calibration's seeds (calibrate.budget_ci), which
     admit.py's verdict and train.py --budget decide against: B_hi is +inf where the interval reaches above
-    the largest mismatch tried, and for a lower-bound budget ("all-within": the fitted quality loss
-    never reached the tolerance). A budget fitted to one seed, or written before the interval was recorded, is its own
-    interval."""
+    the largest mismatch tried, and for a lower-bound budget ("all-within": the fitted quality loss never
+    reached the tolerance). A budget fitted to one seed, or written before the interval was recorded, is its
+    own interval."""
     b, ci = budget["budget"], budget.get("budget_ci") or {}
     b_lo = min(b, ci["lo"]) if ci.get("lo") is not None else b
     b_hi = max(b, ci["hi"]) if ci.get("hi") is not None else (math.inf if ci else b)

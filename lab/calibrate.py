@@ -742,8 +742,8 @@ def refuse_noise(budget: dict, out: Path) -> None:
             f"paired quality loss (SE {noise['paired_loss_se']:.4f} over seeds; at least 2 needed): at these "
             f"settings the quality axis is noise; the power rule asks for about {n} seeds a configuration "
             f"(--seeds {n}, or --max-seeds {n} to add them as the spread asks; the runs so far are reused), "
-            f"or change the study's settings; no budget written (its points: {out / 'refused.json'}; the runs "
-            f"stay in {out / 'runs'})"
+            f"or change the study's settings; no budget written (its points: {out / 'refused.json'}; "
+            f"the runs stay in {out / 'runs'})"
         )
 
 

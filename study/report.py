@@ -133,8 +133,8 @@ def budget_losses(pair: str) -> list[str]:
 
 
 def staleness_section(pairs: list[str]) -> str:
-    """The staleness axis per loss (study.staleness): what stale weights cost each committed budget's loss, and
-    each refused calibration's."""
+    """The staleness axis per loss (study.staleness): what stale weights cost each committed budget's loss,
+    and each refused calibration's."""
     rows = [r for pair in pairs for r in staleness_rows(pair)]
     return (
         "## The staleness axis per loss\n\n"

@@ -115,7 +115,8 @@ def staleness_table(rows: list[dict]) -> str:
         valid = f" ({', '.join(map(str, r['from_validation']))})" if r["from_validation"] else ""
         refused = ", refused: no budget" if r["record"] == "refused" else ""
         lines.append(
-            f"| {r['pair']} | {r['loss']} ({r['lr']:g}){refused} | {r['staleness']} | {len(r['seeds'])}{valid} | "
+            f"| {r['pair']} | {r['loss']} ({r['lr']:g}){refused} | {r['staleness']} | "
+            f"{len(r['seeds'])}{valid} | "
             + ", ".join(f"{x:+.2f}" for x in r["losses"])
             + f" | {r['mean']:+.3f} | {r['tolerance_nats']:.3f} | {r['outcome']} |"
         )
