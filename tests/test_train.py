@@ -125,15 +125,12 @@ def test_opd_minimal_runs():
     assert "step" in result.stdout and "reverse KL" in result.stdout
 
 
-def stale_twin(tmp_path: Path, name: str, steps: int, staleness: int = 0, **over) -> list[dict]:
-    """A short tiny run's step records (step 0 left out); staleness 1 (sync, an engine one version behind)
-    is the async runs' twin."""
-    from dataclasses import replace
-
+def short_tiny(tmp_path: Path, name: str, steps: int, **over):
+    """The TrainConfig of a short tiny run in tmp_path/name: 4 prompts × 2 samples a step, 8 held-out
+    prompts, no evaluation between its ends."""
     from lab.train_args import pair_config
-    from train import run
 
-    cfg = pair_config(
+    return pair_config(
         "tiny",
         steps=steps,
         batch_size=4,
@@ -144,6 +141,16 @@ def stale_twin(tmp_path: Path, name: str, steps: int, staleness: int = 0, **over
         out_dir=str(tmp_path),
         **over,
     )
+
+
+def stale_twin(tmp_path: Path, name: str, steps: int, staleness: int = 0, **over) -> list[dict]:
+    """A short tiny run's step records (step 0 left out); staleness 1 (sync, an engine one version behind)
+    is the async runs' twin."""
+    from dataclasses import replace
+
+    from train import run
+
+    cfg = short_tiny(tmp_path, name, steps, **over)
     cfg.rollout = replace(cfg.rollout, staleness=staleness)
     return [r for r in run(cfg, quiet=True) if r["step"] > 0]
 
@@ -463,20 +470,10 @@ def test_an_experiments_finished_run_without_its_checkpoint_is_reused_or_refused
     dropped is reused at its own settings; asked for more steps it cannot be continued, and the line says so
     and how to train it again (its files are kept)."""
     from cli import BadInput
-    from lab.train_args import pair_config
     from train import run_or_resume
 
     def cfg(steps):
-        return pair_config(
-            "tiny",
-            steps=steps,
-            batch_size=4,
-            samples_per_prompt=2,
-            eval_every=0,
-            eval_prompts=8,
-            name="exp",
-            out_dir=str(tmp_path),
-        )
+        return short_tiny(tmp_path, "exp", steps)
 
     first = run_or_resume(cfg(1))
     run_dir = tmp_path / "exp"
