@@ -81,7 +81,7 @@ from config import (
 from evaluate import evaluate
 from lab.atomic import atomic_write_text
 from lab.hf_pairs import pair_files, prompts_sha256
-from lab.runfiles import atomic_savefig, load_checkpoint, read_metrics, run_seconds
+from lab.runfiles import atomic_savefig, drop_checkpoint, load_checkpoint, read_metrics, run_seconds
 from lab.train_args import add_pair_files, pair_config
 from mismatch import measure_config
 from models import (
@@ -312,14 +312,6 @@ def short_run(
     cfg = study_config(pair, device=device, seed=seed, name=name, out_dir=str(out), **train_over)
     cfg.rollout = replace(cfg.rollout, seed=seed, **rollout_over)
     return run_point(run_or_resume(cfg))
-
-
-def drop_checkpoint(run_dir: Path) -> None:
-    """Deletes a finished experiment run's checkpoint.pt. A finished run is reused from its config.json and
-    metrics.jsonl alone (runfiles.reusable_run), and its probe is measured on the untrained student, so
-    nothing reads the checkpoint again; smollm2's are 0.9 GB each, and a calibration's 20 to 40 of them
-    would fill a laptop's disk."""
-    (run_dir / "checkpoint.pt").unlink(missing_ok=True)
 
 
 def probe_mismatch(pair, cfg: RolloutConfig, n_probes: int, device, settings: dict) -> dict:
@@ -585,7 +577,9 @@ def calibration_points(
             device=device,
             settings=train_settings(pair, **loss),
         )
-        if label != "baseline":  # the baseline's stays: eval_noise evaluates its final student
+        # the probe is measured on the untrained student, so only the baseline's checkpoint is read again
+        # (eval_noise evaluates its final student)
+        if label != "baseline":
             drop_checkpoint(out / "runs" / name)
         points.append(
             {

@@ -572,6 +572,13 @@ def reusable_run(run_dir: Path, settings: dict, step: int) -> bool:
     return finished and evaluated
 
 
+def drop_checkpoint(run_dir: Path) -> None:
+    """Deletes a finished experiment run's checkpoint.pt (calibrations and study sweeps): such a run is
+    reused from its config.json and metrics.jsonl alone (reusable_run), so nothing reads the checkpoint
+    again; smollm2's are 0.9 GB each, and a calibration's 20 to 40 of them would fill a laptop's disk."""
+    (run_dir / "checkpoint.pt").unlink(missing_ok=True)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Plots
 

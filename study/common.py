@@ -9,8 +9,8 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from lab.atomic import atomic_write_text
-from lab.calibrate import drop_checkpoint, short_run
-from lab.runfiles import atomic_savefig
+from lab.calibrate import short_run
+from lab.runfiles import atomic_savefig, drop_checkpoint
 
 RESULTS = Path("results")
 
@@ -33,7 +33,7 @@ def sweep(
     """Run (or reuse) every (label, TrainConfig overrides, RolloutConfig overrides) × seed; one point each.
     A (label, seed) in `recorded` (a committed result's points, same settings) is taken from it, marked
     "reused", instead of trained again. A finished run keeps its record, not its checkpoint
-    (lab.calibrate.drop_checkpoint): a resumed sweep reuses it from the record."""
+    (lab.runfiles.drop_checkpoint): a resumed sweep reuses it from the record."""
     jobs = [
         (label, train_over, roll_over, seed) for label, train_over, roll_over in plan for seed in range(seeds)
     ]

@@ -29,6 +29,7 @@ from budget import json_cap
 from cli import NonFinite
 from config import STUDY_LOSSES
 from lab.calibrate import short_run, train_settings
+from lab.runfiles import drop_checkpoint
 from models import device_label
 from study.common import RESULTS, mean_sd, plt_axes, save_figure, slug, write
 
@@ -131,7 +132,7 @@ def lr_sweep(pair: str, seeds: int, device: str) -> dict:
             {**lr_run(out, pair, label, lr=lr, seed=seed, device=device), "device": device_label(device)}
         )
         write(f"lr_{pair}", lr_result(pair, points, seeds=seeds, device=device))
-        (out / run_name(label, lr, seed) / "checkpoint.pt").unlink(missing_ok=True)
+        drop_checkpoint(out / run_name(label, lr, seed))
     result = lr_result(pair, points, seeds=seeds, device=device)
     write(f"lr_{pair}", result)
     plot_lr(result, RESULTS / f"lr_{pair}.png")
