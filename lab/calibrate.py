@@ -577,9 +577,7 @@ def calibration_points(
             device=device,
             settings=train_settings(pair, **loss),
         )
-        # the probe is measured on the untrained student, so only the baseline's checkpoint is read again
-        # (eval_noise evaluates its final student)
-        if label != "baseline":
+        if label != "baseline":  # probes use the untrained student; only eval_noise reads the baseline's
             drop_checkpoint(out / "runs" / name)
         points.append(
             {
