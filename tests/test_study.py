@@ -616,3 +616,36 @@ def test_a_refused_calibration_gives_staleness_rows_only_where_no_budget_holds_i
     (tmp_path / "refused_tiny_sampler-is_other.json").write_text(json.dumps(other))
     kept = staleness.refused_records("tiny", [b], tmp_path)
     assert [r["train_settings"]["lr"] for r in kept] == [3e-3]
+
+
+def test_on_smollm2_at_5e5_the_centred_budget_lies_above_tinkers_and_its_seeds_part_past_the_knee():
+    """RESULTS' smollm2 centred budget at 5e-5 (2 seeds): it crosses between σ = 0.1 and 0.3, its interval
+    lies above tinker's budget at the same recipe and overlaps the uncorrected one's; the gate's pool meets the
+    power rule, while past the knee (σ = 0.3 and 1, outside that pool) one seed collapses and the other does
+    not; staleness 2 within on both seeds."""
+    import statistics
+
+    from budget import read_budget
+
+    b = read_budget(ROOT / "budgets/smollm2/sampled-centered/budget.json", "smollm2")
+    tinker = read_budget(ROOT / "budgets/smollm2/sampler-is/budget.json", "smollm2")
+    uncorrected = read_budget(ROOT / "results/budget_smollm2_sampled_lr5e-05.json", "smollm2")
+    assert b["train_settings"]["lr"] == tinker["train_settings"]["lr"] == uncorrected["train_settings"]["lr"]
+    assert b["steps"] == tinker["steps"] == uncorrected["steps"] == 12
+    tol = b["tolerance"]["nats"]
+    by = {}
+    for p in b["points"]:
+        by.setdefault(p["source"], []).append(p)
+    mean = {s: statistics.fmean(p["quality_loss"] for p in g) for s, g in by.items()}
+    top = lambda s: max(p["mismatch"] for p in by[s])  # noqa: E731
+    low = lambda s: min(p["mismatch"] for p in by[s])  # noqa: E731
+    assert b["how"] == "crossing" and top("noise 0.1") < b["budget"] < low("noise 0.3")
+    assert mean["noise 0.1"] <= tol < mean["noise 0.3"]
+    assert b["budget_ci"]["lo"] > tinker["budget_ci"]["hi"]  # "tolerates more than tinker's"
+    # the intervals overlap: both are open above the largest mismatch tried
+    assert b["budget_ci"]["hi"] is None and uncorrected["budget_ci"]["hi"] is None
+    assert b["noise"]["se_over_tolerance"] <= 1 / 3 and not b["noise"]["under_powered"]
+    for source in ("noise 0.3", "noise 1"):  # past the knee the seeds part, outside the gate's pool
+        losses = sorted(p["quality_loss"] for p in by[source])
+        assert losses[0] < tol and losses[-1] > 3 * tol and mean[source] > 3 * tol, source
+    assert all(p["quality_loss"] <= tol for p in by["staleness 2"])
