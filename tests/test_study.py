@@ -626,6 +626,7 @@ def test_on_smollm2_at_5e5_the_centred_budget_lies_above_tinkers_and_its_seeds_p
     import statistics
 
     from budget import read_budget
+    from lab.calibrate import by_source
 
     b = read_budget(ROOT / "budgets/smollm2/sampled-centered/budget.json", "smollm2")
     tinker = read_budget(ROOT / "budgets/smollm2/sampler-is/budget.json", "smollm2")
@@ -633,13 +634,11 @@ def test_on_smollm2_at_5e5_the_centred_budget_lies_above_tinkers_and_its_seeds_p
     assert b["train_settings"]["lr"] == tinker["train_settings"]["lr"] == uncorrected["train_settings"]["lr"]
     assert b["steps"] == tinker["steps"] == uncorrected["steps"] == 12
     tol = b["tolerance"]["nats"]
-    by = {}
-    for p in b["points"]:
-        by.setdefault(p["source"], []).append(p)
+    by = by_source(b["points"])
     mean = {s: statistics.fmean(p["quality_loss"] for p in g) for s, g in by.items()}
-    top = lambda s: max(p["mismatch"] for p in by[s])  # noqa: E731
-    low = lambda s: min(p["mismatch"] for p in by[s])  # noqa: E731
-    assert b["how"] == "crossing" and top("noise 0.1") < b["budget"] < low("noise 0.3")
+    below = max(p["mismatch"] for p in by["noise 0.1"])
+    above = min(p["mismatch"] for p in by["noise 0.3"])
+    assert b["how"] == "crossing" and below < b["budget"] < above
     assert mean["noise 0.1"] <= tol < mean["noise 0.3"]
     assert b["budget_ci"]["lo"] > tinker["budget_ci"]["hi"]  # "tolerates more than tinker's"
     # the intervals overlap: both are open above the largest mismatch tried
