@@ -363,10 +363,6 @@ def run_or_resume(cfg: TrainConfig) -> list[dict]:
     settings = {k: v for k, v in asdict(cfg).items() if k not in SAFE_ON_RESUME or k == "steps"}
     if reusable_run(run_dir, settings=settings, step=cfg.steps):
         return read_metrics(run_dir / "metrics.jsonl", upto=cfg.steps)
-    if (run_dir / "config.json").is_file() and not (run_dir / "checkpoint.pt").exists():
-        # an experiment keeps a finished run's record, not its checkpoint (runfiles.drop_checkpoint)
-        remedy = "an experiment keeps no checkpoint of a finished run: delete the folder to train it again"
-        refuse_finished(run_dir, steps=load_config(run_dir, TrainConfig).steps, remedy=remedy)
     return run(cfg, resume=(run_dir / "config.json").is_file(), quiet=True, rerun=RERUN)
 
 

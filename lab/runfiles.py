@@ -116,14 +116,15 @@ def reconcile_metrics(path: Path, upto: int, saved: list[dict] | None) -> list[d
     return records
 
 
-def refuse_finished(run_dir: Path, steps: int, remedy: str = "choose another --name") -> None:
-    """A run whose metrics reach its `steps` finished; without its checkpoint it cannot be continued, and
-    starting it again would overwrite it: refused, with `remedy`."""
+def refuse_finished(run_dir: Path, steps: int) -> None:
+    """A run whose metrics reach its `steps` finished; without its checkpoint (killed before its last save,
+    or an experiment's run, whose checkpoint drop_checkpoint deleted) it cannot be continued, and starting it
+    again would overwrite it: refused."""
     records = read_metrics(run_dir / "metrics.jsonl", upto=steps)
     if records and records[-1]["step"] == steps:
         raise BadInput(
             f"--resume: {run_dir} finished its {steps} steps and has no checkpoint to continue "
-            f"from; it is kept as it is ({remedy})"
+            "from; it is kept as it is (choose another --name, or delete the folder to train it again)"
         )
 
 
